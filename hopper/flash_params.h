@@ -1,0 +1,41 @@
+// Torch-free parameter blocks shared by the binding (csrc/) and the kernels (hopper/).
+// Tensors are (batch, seqlen, heads, head_dim) with the last dim contiguous; strides are in elements.
+#pragma once
+#include <cstdint>
+
+namespace flash_dash {
+
+// Order in which a deterministic backward adds dQ partials (see flash_attn_dash/schedule/).
+enum class Schedule : int { kAscending = 0, kDescending = 1, kShift = 2, kSymmetricShift = 3 };
+
+struct TensorStrides {
+    int64_t batch, row, head;
+};
+
+struct FwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* out;   // (b, sq, h, d), input dtype
+    float* lse;  // (b, h, sq) fp32, natural log; -inf for rows that see no key
+    TensorStrides q_stride, k_stride, v_stride, o_stride;
+    int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
+    float softmax_scale;
+    bool is_causal;  // aligned bottom-right when seqlen_q != seqlen_k
+    bool is_bf16;    // else fp16
+    int num_sms;     // persistent grid size: SM count - sm_margin
+};
+
+struct BwdParams : FwdParams {
+    const void* dout;  // (b, sq, h, d)
+    void* dq;          // (b, sq, h, d)
+    void* dk;          // (b, sk, h_k, d)
+    void* dv;          // (b, sk, h_k, d)
+    TensorStrides do_stride, dq_stride, dk_stride, dv_stride;
+    bool deterministic;
+    Schedule schedule;
+    // Debug only (nullptr otherwise): per dQ tile (b, h, m), the K/V tile indices n in arrival order.
+    int* order_trace;
+};
+
+}  // namespace flash_dash
