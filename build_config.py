@@ -1,0 +1,136 @@
+"""Build knobs and nvcc flags shared by setup.py and the Makefile.
+
+Knobs (environment):
+  FLASH_DASH_HDIMS   comma list of head dims to compile (default "64,128")
+  FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
+  FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
+  MAX_JOBS           parallel nvcc jobs (read by torch's ninja builder)
+
+`python -m build_config report LOG...` summarises ptxas resource usage per kernel.
+"""
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+
+SUPPORTED_HDIMS = (64, 128)
+SUPPORTED_DTYPES = ("bf16", "fp16")
+ROOT = Path(__file__).resolve().parent
+
+
+def _env_list(name: str, default: tuple, cast) -> list:
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return list(default)
+    values = [cast(x.strip()) for x in raw.split(",") if x.strip()]
+    allowed = set(default)
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        raise ValueError(f"{name}={raw!r}: unsupported {bad}; accepted values are {sorted(allowed)}")
+    return values
+
+
+def selected_hdims() -> list[int]:
+    return _env_list("FLASH_DASH_HDIMS", SUPPORTED_HDIMS, int)
+
+
+def selected_dtypes() -> list[str]:
+    return _env_list("FLASH_DASH_DTYPES", SUPPORTED_DTYPES, str)
+
+
+def kernel_sources() -> list[str]:
+    """Instantiation files for the selected head dims and dtypes (relative paths)."""
+    hdims, dtypes = selected_hdims(), selected_dtypes()
+    out = []
+    for path in sorted((ROOT / "hopper" / "instantiations").glob("*.cu")):
+        m = re.fullmatch(r"(fwd|bwd)_hdim(\d+)_(\w+)\.cu", path.name)
+        if m and int(m.group(2)) in hdims and m.group(3) in dtypes:
+            out.append(str(path.relative_to(ROOT)))
+    return out
+
+
+def compile_defines() -> list[str]:
+    """-D flags telling the binding which instantiations exist."""
+    defs = []
+    for src in kernel_sources():
+        stem = Path(src).stem.upper()
+        defs.append(f"-DFLASH_DASH_HAS_{stem}")
+    return defs
+
+
+def nvcc_flags() -> list[str]:
+    return [
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",  # CUTLASS checks in device code cost a lot of speed
+        "--use_fast_math",
+        "--expt-relaxed-constexpr",
+        "-lineinfo",
+        "-gencode=arch=compute_90a,code=sm_90a",
+        "-Xptxas=-v",
+        "--ftemplate-backtrace-limit=0",
+        "-DCUTLASS_DEBUG_TRACE_LEVEL=0",
+    ]
+
+
+def cutlass_include() -> str | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec("cutlass_library")
+    if spec is None or spec.origin is None:
+        return None
+    inc = Path(spec.origin).parent / "source" / "include"
+    return str(inc) if (inc / "cute").is_dir() else None
+
+
+_FUNC = re.compile(r"Compiling entry function '(\S+)'")
+_REGS = re.compile(r"Used (\d+) registers")
+_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
+_STACK = re.compile(r"(\d+) bytes stack frame")
+
+
+def report(logs: list[str]) -> int:
+    """Print registers/stack/spills per kernel from ptxas -v logs; return the count of spilling kernels."""
+    logs = [log for log in logs if Path(log).is_file()]
+    if not logs:
+        print("no kernel translation units compiled")
+        return 0
+    spilling = 0
+    print(f"{'kernel':<70} {'regs':>5} {'stack':>6} {'spill st/ld':>12}")
+    for log in logs:
+        name = None
+        stack = spill = (0, 0)
+        for line in Path(log).read_text().splitlines():
+            if m := _FUNC.search(line):
+                name = m.group(1)
+                stack, spill = 0, (0, 0)
+            elif name and (m := _STACK.search(line)):
+                stack = int(m.group(1))
+                if s := _SPILL.search(line):
+                    spill = (int(s.group(1)), int(s.group(2)))
+            elif name and (m := _REGS.search(line)):
+                short = _demangle(name)
+                print(f"{Path(log).stem + ':' + short:<70.70} {m.group(1):>5} {stack:>6} {spill[0]:>5}/{spill[1]:<6}")
+                spilling += spill != (0, 0)
+                name = None
+    print(f"{spilling} kernel(s) spill")
+    return spilling
+
+
+def _demangle(name: str) -> str:
+    try:
+        import subprocess
+
+        out = subprocess.run(["c++filt", name], capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return name
+    return re.sub(r"\s+", " ", out)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) >= 2 and sys.argv[1] == "report":
+        report(sys.argv[2:])
+    else:
+        print(__doc__)
