@@ -68,6 +68,7 @@ def nvcc_flags() -> list[str]:
         "--use_fast_math",
         "--expt-relaxed-constexpr",
         "-lineinfo",
+        "-Xcompiler=-fPIC",  # objects from `make kernels` link into the torch extension
         "-gencode=arch=compute_90a,code=sm_90a",
         "-Xptxas=-v",
         "--ftemplate-backtrace-limit=0",

@@ -1,0 +1,35 @@
+// Argument checks for the CUDA ops. The Python layer (flash_attn_dash/checks.py) reports the same
+// problems with friendlier messages first; these guard direct torch.ops calls.
+#pragma once
+#include <torch/extension.h>
+
+namespace flash_dash {
+
+inline void check_attn_tensor(const at::Tensor& t, const char* name, const at::Tensor& ref) {
+    TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");
+    TORCH_CHECK(t.device() == ref.device(), name, " must be on the same device as q");
+    TORCH_CHECK(t.dim() == 4, name, " must be 4-D (batch, seqlen, heads, head_dim)");
+    TORCH_CHECK(t.scalar_type() == ref.scalar_type(), name, " must have q's dtype");
+    TORCH_CHECK(t.stride(-1) == 1, name, " must have a contiguous last dimension");
+    const int64_t elem = t.element_size();
+    for (int d = 0; d < 3; ++d) {
+        TORCH_CHECK(t.size(d) <= 1 || (t.stride(d) * elem) % 16 == 0, name, ".stride(", d,
+                    ") must be a multiple of 16 bytes (TMA)");
+    }
+    TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned");
+    TORCH_CHECK(t.numel() <= INT32_MAX, name, " is too large for 32-bit indexing");
+}
+
+inline void check_sm90(const at::Tensor& q) {
+    const auto* prop = at::cuda::getDeviceProperties(q.device().index());
+    TORCH_CHECK(prop->major == 9 && prop->minor == 0, "flash_attn_dash kernels need an sm90 GPU, got sm",
+                prop->major, prop->minor);
+}
+
+inline int grid_size(const at::Tensor& q, int64_t sm_margin) {
+    const int sms = at::cuda::getDeviceProperties(q.device().index())->multiProcessorCount;
+    TORCH_CHECK(sm_margin >= 0 && sm_margin < sms, "sm_margin must be in [0, ", sms, "), got ", sm_margin);
+    return sms - static_cast<int>(sm_margin);
+}
+
+}  // namespace flash_dash

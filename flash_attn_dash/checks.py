@@ -1,0 +1,124 @@
+"""Argument checks run before anything is launched. Every error names the argument and what is accepted."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+SCHEDULES = ("auto", "ascending", "descending", "shift", "symmetric_shift")
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
+KERNEL_HEAD_DIMS = (64, 128)
+# TMA needs 16-byte aligned bases and strides; CuTe shapes are 32-bit ints.
+_ALIGN_BYTES = 16
+_INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class AttnShape:
+    batch: int
+    seqlen_q: int
+    seqlen_k: int
+    heads: int
+    heads_k: int
+    head_dim: int
+
+
+def _require_bool(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
+
+
+def check_options(
+    softmax_scale: float | None,
+    causal: bool,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: int,
+    return_lse: bool,
+) -> None:
+    """Validate the non-tensor arguments of flash_attn_func."""
+    if softmax_scale is not None:
+        if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
+            raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
+        if not math.isfinite(softmax_scale):
+            raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
+    _require_bool("causal", causal)
+    _require_bool("deterministic", deterministic)
+    _require_bool("return_lse", return_lse)
+    if not isinstance(schedule, str) or schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {', '.join(repr(s) for s in SCHEDULES)}; got {schedule!r}")
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int):
+        raise TypeError(f"sm_margin must be an int >= 0, got {type(sm_margin).__name__}")
+    if sm_margin < 0:
+        raise ValueError(f"sm_margin must be >= 0, got {sm_margin}")
+
+
+def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnShape:
+    """Validate q, k, v for the (batch, seqlen, heads, head_dim) layout; return the problem shape."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
+    for name, t in (("k", k), ("v", v)):
+        if t.dtype != q.dtype:
+            raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+    allowed = KERNEL_DTYPES if q.is_cuda else REFERENCE_DTYPES
+    if q.dtype not in allowed:
+        names = ", ".join(str(d).replace("torch.", "torch.") for d in allowed)
+        raise TypeError(f"q.dtype must be one of {names} on {q.device.type}, got {q.dtype}")
+    b, sq, h, d = q.shape
+    bk, sk, hk, dk = k.shape
+    if bk != b:
+        raise ValueError(f"k.shape[0] (batch) must equal q.shape[0] = {b}, got {bk}")
+    if tuple(v.shape) != tuple(k.shape):
+        raise ValueError(f"v.shape must equal k.shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if dk != d:
+        raise ValueError(f"k.shape[3] (head_dim) must equal q.shape[3] = {d}, got {dk}")
+    if hk == 0 or h % hk != 0:
+        raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hk}) for GQA/MQA")
+    return AttnShape(b, sq, sk, h, hk, d)
+
+
+def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compiled_head_dims: tuple[int, ...]) -> None:
+    """Constraints of the sm90 kernels: head dim, strides, alignment, 32-bit sizes, architecture."""
+    if head_dim not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {KERNEL_HEAD_DIMS} on CUDA, got {head_dim}")
+    if head_dim not in compiled_head_dims:
+        raise ValueError(
+            f"head_dim {head_dim} was not compiled into this build (compiled: {compiled_head_dims}); "
+            "rebuild with FLASH_DASH_HDIMS including it"
+        )
+    for name, t in tensors.items():
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")
+        elem = t.element_size()
+        for dim in range(3):
+            if t.size(dim) > 1 and (t.stride(dim) * elem) % _ALIGN_BYTES != 0:
+                raise ValueError(
+                    f"{name}.stride({dim}) = {t.stride(dim)} elements is not a multiple of {_ALIGN_BYTES} bytes; "
+                    "call .contiguous() first"
+                )
+        if t.data_ptr() % _ALIGN_BYTES != 0:
+            raise ValueError(f"{name} must start at a {_ALIGN_BYTES}-byte aligned address; call .contiguous() first")
+        if t.numel() > _INT32_MAX or max(t.shape) > _INT32_MAX:
+            raise ValueError(f"{name} has {t.numel()} elements, over the 32-bit indexing limit of {_INT32_MAX}")
+    dev = next(iter(tensors.values())).device
+    major, minor = torch.cuda.get_device_capability(dev)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(
+            f"flash_attn_dash kernels need an sm90 (Hopper) GPU; {torch.cuda.get_device_name(dev)} is sm{major}{minor}. "
+            "Use flash_attn_dash.attention_ref for the PyTorch reference."
+        )
+
+
+def check_sm_margin(sm_margin: int, device: torch.device) -> int:
+    """Return the persistent grid size (SM count - sm_margin), rejecting margins that leave no SM."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    if sm_margin >= sms:
+        raise ValueError(f"sm_margin must be < the SM count ({sms}) of {device}, got {sm_margin}")
+    return sms - sm_margin

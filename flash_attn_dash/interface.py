@@ -1,0 +1,98 @@
+"""Public entry point: flash_attn_func, in FlashAttention-3's (batch, seqlen, heads, head_dim) layout."""
+from __future__ import annotations
+
+import torch
+
+from . import _ext, checks
+from .ops import KERNEL_SCHEDULES, grid_size, resolve_schedule
+
+
+def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
+    return head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+def backward_schedule_used(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    causal: bool = False,
+    deterministic: bool = True,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+) -> str:
+    """The dQ accumulation order the backward of ``flash_attn_func`` will use for these arguments.
+
+    Non-deterministic backwards walk Q tiles in ascending order with unordered adds ("ascending").
+    ``auto`` asks the schedule model (flash_attn_dash.schedule) for the fastest order the kernels implement;
+    on CPU tensors (reference path) it reports what an H200's 132 SMs would use.
+    """
+    checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
+    num_sms = grid_size(q.device, sm_margin) if q.is_cuda else 132 - sm_margin
+    return resolve_schedule(schedule, causal, deterministic, tuple(q.shape), k.shape[1], num_sms)
+
+
+class _FlashAttnFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, softmax_scale, causal, deterministic, schedule, sm_margin):
+        out, lse = torch.ops.flash_attn_dash.fwd(q, k, v, softmax_scale, causal, sm_margin)
+        ctx.save_for_backward(q, k, v, out, lse)
+        ctx.softmax_scale, ctx.causal = softmax_scale, causal
+        ctx.deterministic, ctx.schedule, ctx.sm_margin = deterministic, schedule, sm_margin
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse = ctx.saved_tensors
+        # Incoming gradients can be expanded or strided views; the kernels need TMA-friendly strides.
+        dout = dout.contiguous()
+        dq, dk, dv = torch.ops.flash_attn_dash.bwd(
+            dout, q, k, v, out, lse, ctx.softmax_scale, ctx.causal, ctx.deterministic, ctx.schedule, ctx.sm_margin
+        )
+        return dq, dk, dv, None, None, None, None, None
+
+
+def flash_attn_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    deterministic: bool = False,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Scaled dot-product attention with a reproducible-on-request backward.
+
+    Args:
+        q: (batch, seqlen_q, heads, head_dim), fp16 or bf16 on an sm90 GPU (CPU tensors, also fp32/fp64,
+            run the PyTorch reference).
+        k, v: (batch, seqlen_k, heads_k, head_dim); heads % heads_k == 0 gives GQA/MQA.
+        softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5.
+        causal: causal mask aligned bottom-right (query i sees key j iff j <= i + seqlen_k - seqlen_q);
+            rows that see no key return 0 with lse = -inf.
+        deterministic: make dq/dk/dv bitwise reproducible run to run by fixing the order of the dQ
+            (and, for GQA, dK/dV) reductions.
+        schedule: the order of those reductions: "auto", "ascending", "descending", "shift",
+            "symmetric_shift" (only used when deterministic=True).
+        sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
+        return_lse: also return the log-sum-exp (batch, heads, seqlen_q), fp32, natural log
+            (not differentiable).
+
+    Returns:
+        out (batch, seqlen_q, heads, head_dim) in q's dtype, or (out, lse) if return_lse.
+    """
+    checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
+    shape = checks.check_tensors(q, k, v)
+    if q.is_cuda:
+        _ext.require_kernels()
+        checks.check_kernel_inputs({"q": q, "k": k, "v": v}, shape.head_dim, _ext.compiled_head_dims(q.dtype))
+        checks.check_sm_margin(sm_margin, q.device)
+        if deterministic and schedule not in ("auto",) + KERNEL_SCHEDULES:
+            raise NotImplementedError(
+                f"schedule={schedule!r} is modelled by `flash-attn-dash plan` but not yet implemented in the "
+                f"kernels; use one of {('auto',) + KERNEL_SCHEDULES}"
+            )
+    scale = _default_scale(shape.head_dim, softmax_scale)
+    out, lse = _FlashAttnFunc.apply(q, k, v, scale, causal, deterministic, schedule, sm_margin)
+    return (out, lse) if return_lse else out

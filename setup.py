@@ -1,0 +1,89 @@
+"""Build script: the pure-Python package everywhere, plus `flash_attn_dash._C` where it can be built.
+
+The CUDA extension is built when torch (a CUDA build) is importable in the build environment, nvcc is
+found and FLASH_DASH_SKIP_CUDA_BUILD is unset; build against the installed torch with
+`pip install --no-build-isolation -e .`. Elsewhere only the Python parts install, and the build says so.
+Knobs: FLASH_DASH_HDIMS, FLASH_DASH_DTYPES, FLASH_DASH_SKIP_CUDA_BUILD, MAX_JOBS, and
+FLASH_DASH_PREBUILT_DIR (a folder of `make kernels` objects to link instead of compiling the .cu files).
+"""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from setuptools import setup
+
+ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+import build_config  # noqa: E402
+
+
+def _say(msg: str) -> None:
+    print(f"flash-attn-dash: {msg}", file=sys.stderr)
+
+
+def _why_no_cuda_build() -> str | None:
+    if os.environ.get("FLASH_DASH_SKIP_CUDA_BUILD", "0") not in ("", "0", "FALSE", "false"):
+        return "FLASH_DASH_SKIP_CUDA_BUILD is set"
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME
+    except ImportError:
+        return "torch is not importable in the build environment (use --no-build-isolation on GPU machines)"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU-only build"
+    if CUDA_HOME is None:
+        return "nvcc / CUDA_HOME not found"
+    if not build_config.kernel_sources():
+        return "no kernel instantiations match FLASH_DASH_HDIMS / FLASH_DASH_DTYPES"
+    if build_config.cutlass_include() is None:
+        raise RuntimeError(
+            "CUDA build requested but the CUTLASS headers are missing: pip install --no-deps nvidia-cutlass==4.2.0.0"
+        )
+    return None
+
+
+def _cuda_extension():
+    from torch.utils.cpp_extension import BuildExtension, CUDAExtension
+
+    os.environ.setdefault("TORCH_CUDA_ARCH_LIST", "9.0a")
+    sources = ["csrc/flash_api.cpp"]
+    extra_objects = []
+    prebuilt = os.environ.get("FLASH_DASH_PREBUILT_DIR")
+    for src in build_config.kernel_sources():
+        obj = Path(prebuilt or "", Path(src).stem + ".o")
+        if prebuilt and obj.is_file():
+            extra_objects.append(str(obj.resolve()))
+        else:
+            sources.append(src)
+    defines = build_config.compile_defines()
+    _say(f"building kernels {[Path(s).stem for s in build_config.kernel_sources()]}"
+         + (f" ({len(extra_objects)} prebuilt)" if extra_objects else ""))
+    ext = CUDAExtension(
+        name="flash_attn_dash._C",
+        sources=sources,
+        include_dirs=[str(ROOT / "hopper"), str(ROOT / "csrc"), build_config.cutlass_include()],
+        extra_objects=extra_objects,
+        extra_compile_args={
+            "cxx": ["-O3", "-std=c++17", *defines],
+            # torch disables the half operators by default; CUTLASS needs them.
+            "nvcc": build_config.nvcc_flags() + [
+                "-U__CUDA_NO_HALF_OPERATORS__",
+                "-U__CUDA_NO_HALF_CONVERSIONS__",
+                "-U__CUDA_NO_HALF2_OPERATORS__",
+                "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+            ],
+        },
+    )
+    return [ext], {"build_ext": BuildExtension}
+
+
+reason = _why_no_cuda_build()
+if reason is None:
+    ext_modules, cmdclass = _cuda_extension()
+else:
+    _say(f"NO CUDA KERNELS BUILT: {reason}. Installing the pure-Python parts (reference, schedule model, CLI).")
+    ext_modules, cmdclass = [], {}
+
+setup(ext_modules=ext_modules, cmdclass=cmdclass)

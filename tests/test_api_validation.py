@@ -1,0 +1,86 @@
+"""Every invalid input raises a TypeError/ValueError naming the argument, before anything runs."""
+import pytest
+import torch
+
+from flash_attn_dash import flash_attn_func
+
+
+def qkv(b=1, sq=8, sk=8, h=2, hk=2, d=16, dtype=torch.float32):
+    return (torch.randn(b, sq, h, d, dtype=dtype), torch.randn(b, sk, hk, d, dtype=dtype),
+            torch.randn(b, sk, hk, d, dtype=dtype))
+
+
+@pytest.mark.parametrize(
+    "kwargs,exc,match",
+    [
+        ({"schedule": "fastest"}, ValueError, "schedule must be one of 'auto', 'ascending'"),
+        ({"schedule": 3}, ValueError, "schedule"),
+        ({"causal": 1}, TypeError, "causal must be a bool"),
+        ({"deterministic": "yes"}, TypeError, "deterministic must be a bool"),
+        ({"return_lse": None}, TypeError, "return_lse must be a bool"),
+        ({"sm_margin": -1}, ValueError, "sm_margin must be >= 0"),
+        ({"sm_margin": 1.5}, TypeError, "sm_margin must be an int"),
+        ({"softmax_scale": "0.1"}, TypeError, "softmax_scale must be a float"),
+        ({"softmax_scale": float("nan")}, ValueError, "softmax_scale must be finite"),
+    ],
+)
+def test_bad_options(kwargs, exc, match):
+    with pytest.raises(exc, match=match):
+        flash_attn_func(*qkv(), **kwargs)
+
+
+def test_bad_tensors():
+    q, k, v = qkv()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        flash_attn_func(q.numpy(), k, v)
+    with pytest.raises(ValueError, match="q must be 4-D"):
+        flash_attn_func(q[0], k, v)
+    with pytest.raises(TypeError, match=r"k.dtype must equal q.dtype"):
+        flash_attn_func(q, k.double(), v)
+    with pytest.raises(ValueError, match=r"v.shape must equal k.shape"):
+        flash_attn_func(q, k, v[:, :4])
+    with pytest.raises(ValueError, match=r"k.shape\[3\] \(head_dim\) must equal"):
+        flash_attn_func(q, k[..., :8], v[..., :8])
+    with pytest.raises(ValueError, match=r"k.shape\[0\] \(batch\)"):
+        flash_attn_func(q, torch.cat([k, k]), torch.cat([v, v]))
+    with pytest.raises(ValueError, match="multiple of k/v heads"):
+        flash_attn_func(*qkv(h=3, hk=2))
+    with pytest.raises(TypeError, match="q.dtype must be one of"):
+        flash_attn_func(*(t.to(torch.int32) for t in qkv()))
+
+
+def test_validation_happens_before_compute(monkeypatch):
+    import flash_attn_dash.interface as interface
+
+    def boom(*a, **k):
+        raise AssertionError("compute ran before validation")
+
+    monkeypatch.setattr(interface._FlashAttnFunc, "apply", boom)
+    with pytest.raises(ValueError, match="schedule"):
+        flash_attn_func(*qkv(), schedule="nope")
+
+
+def test_cpu_path_matches_reference_and_backprops():
+    q, k, v = (t.requires_grad_() for t in qkv(sq=7, sk=11, h=4, hk=2))
+    out, lse = flash_attn_func(q, k, v, causal=True, return_lse=True)
+    from flash_attn_dash.reference import attention_ref
+
+    ref, ref_lse = attention_ref(q, k, v, causal=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lse, ref_lse)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref_grads = torch.autograd.grad(ref, (q, k, v), dout)
+    for g, r in zip(grads, ref_grads):
+        torch.testing.assert_close(g, r)
+
+
+def test_cuda_tensors_without_kernels_give_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("only meaningful without a GPU")
+    import flash_attn_dash._ext as ext
+
+    if ext._C is not None:
+        pytest.skip("extension present")
+    with pytest.raises(RuntimeError, match="installed without its CUDA kernels"):
+        ext.require_kernels()
