@@ -66,7 +66,7 @@ def _cuda_extension():
         include_dirs=[str(ROOT / "hopper"), str(ROOT / "csrc"), build_config.cutlass_include()],
         extra_objects=extra_objects,
         extra_compile_args={
-            "cxx": ["-O3", "-std=c++17", *defines],
+            "cxx": ["-O3", *defines],  # torch picks the C++ standard its headers need
             # torch disables the half operators by default; CUTLASS needs them.
             "nvcc": build_config.nvcc_flags() + [
                 "-U__CUDA_NO_HALF_OPERATORS__",

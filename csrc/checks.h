@@ -1,6 +1,7 @@
 // Argument checks for the CUDA ops. The Python layer (flash_attn_dash/checks.py) reports the same
 // problems with friendlier messages first; these guard direct torch.ops calls.
 #pragma once
+#include <cuda_runtime.h>
 #include <torch/extension.h>
 
 namespace flash_dash {
@@ -20,14 +21,21 @@ inline void check_attn_tensor(const at::Tensor& t, const char* name, const at::T
     TORCH_CHECK(t.numel() <= INT32_MAX, name, " is too large for 32-bit indexing");
 }
 
+inline int device_attribute(const at::Tensor& t, cudaDeviceAttr attr) {
+    int value = 0;
+    TORCH_CHECK(cudaDeviceGetAttribute(&value, attr, t.device().index()) == cudaSuccess,
+                "cudaDeviceGetAttribute failed");
+    return value;
+}
+
 inline void check_sm90(const at::Tensor& q) {
-    const auto* prop = at::cuda::getDeviceProperties(q.device().index());
-    TORCH_CHECK(prop->major == 9 && prop->minor == 0, "flash_attn_dash kernels need an sm90 GPU, got sm",
-                prop->major, prop->minor);
+    const int major = device_attribute(q, cudaDevAttrComputeCapabilityMajor);
+    const int minor = device_attribute(q, cudaDevAttrComputeCapabilityMinor);
+    TORCH_CHECK(major == 9 && minor == 0, "flash_attn_dash kernels need an sm90 GPU, got sm", major, minor);
 }
 
 inline int grid_size(const at::Tensor& q, int64_t sm_margin) {
-    const int sms = at::cuda::getDeviceProperties(q.device().index())->multiProcessorCount;
+    const int sms = device_attribute(q, cudaDevAttrMultiProcessorCount);
     TORCH_CHECK(sm_margin >= 0 && sm_margin < sms, "sm_margin must be in [0, ", sms, "), got ", sm_margin);
     return sms - static_cast<int>(sm_margin);
 }

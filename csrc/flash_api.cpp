@@ -1,7 +1,8 @@
 // Torch binding: CUDA implementations of flash_attn_dash::fwd_out / bwd_out (schemas are defined in
 // flash_attn_dash/ops.py) and the table of kernel instantiations this build contains.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
 #include <stdexcept>
@@ -124,7 +125,7 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
     const auto& entry = find_entry(kFwd, p.head_dim, q.scalar_type(), "forward");
-    entry.run(p, at::cuda::getCurrentCUDAStream());
+    entry.run(p, c10::cuda::getCurrentCUDAStream());
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
@@ -167,7 +168,7 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     const auto& entry = find_entry(kBwd, p.head_dim, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
     try {
-        entry.run(p, workspace.data_ptr(), at::cuda::getCurrentCUDAStream());
+        entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream());
     } catch (const std::invalid_argument& e) {
         TORCH_CHECK_VALUE(false, e.what());
     }
