@@ -1,0 +1,95 @@
+// The persistent, warp-specialised sm90a forward kernel.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "epilogue_fwd_sm90.hpp"
+#include "kernel_traits_fwd.h"
+#include "mainloop_fwd_sm90.hpp"
+#include "softmax.hpp"
+#include "tile_scheduler_fwd.hpp"
+
+namespace flash_dash {
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    flash_fwd_kernel_sm90(CUTE_GRID_CONSTANT typename Traits::Params const params) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    using namespace cute;
+    using Mainloop = FwdMainloopSm90<Traits>;
+    using Epilogue = FwdEpilogueSm90<Traits>;
+    using SharedStorage = typename Traits::SharedStorage;
+    using PipelineQ = typename Traits::PipelineQ;
+    using PipelineKV = typename Traits::PipelineKV;
+    static constexpr int kBlockM = Traits::kBlockM;
+    static constexpr int kHeadDim = Traits::kHeadDim;
+
+    extern __shared__ char smem_buf[];
+    SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
+
+    int const warp_idx = cutlass::canonical_warp_idx_sync();
+    int const warp_group_idx = cutlass::canonical_warp_group_idx();
+    bool const is_producer = warp_group_idx == 0;
+
+    if (warp_idx == 0 && cute::elect_one_sync()) {
+        prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
+        prefetch_tma_descriptor(params.tma_k.get_tma_descriptor());
+        prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
+        prefetch_tma_descriptor(params.tma_o.get_tma_descriptor());
+    }
+
+    // Warp 0 initialises every barrier; all threads construct the pipeline objects.
+    typename PipelineQ::Params pq;
+    pq.transaction_bytes = Traits::kTmaBytesQ;
+    pq.role = is_producer ? PipelineQ::ThreadCategory::Producer : PipelineQ::ThreadCategory::Consumer;
+    pq.is_leader = threadIdx.x == 0;
+    pq.num_consumers = Traits::kNumMmaThreads;
+    typename PipelineKV::Params pkv;
+    pkv.transaction_bytes = Traits::kTmaBytesKV;
+    pkv.role = is_producer ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
+    pkv.is_leader = threadIdx.x == 0;
+    pkv.num_consumers = Traits::kNumMmaThreads;
+    PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+    PipelineKV pipe_k(ss.pipeline_k, pkv, Shape<_1, _1, _1>{});
+    PipelineKV pipe_v(ss.pipeline_v, pkv, Shape<_1, _1, _1>{});
+    __syncthreads();
+
+    FwdTileScheduler const sched(params.num_m_blocks, params.num_heads, params.batch, params.is_causal);
+
+    if (is_producer) {
+        cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
+        if (threadIdx.x == 0) { Mainloop::load(params, ss, sched, pipe_q, pipe_k, pipe_v); }
+    } else {
+        cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
+        int const tid = int(threadIdx.x) - 128;
+        typename Traits::TiledMmaPV mma_pv;
+        Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor tO_rc = make_rowcol_view(tOrO);
+        constexpr int kNRows = decltype(size<0>(tO_rc))::value;
+        OnlineSoftmax<kNRows> softmax(params.scale_log2);
+        typename Mainloop::StateQ st_q;
+        typename Mainloop::StateKV st_k, st_v;
+
+        for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+            FwdTile const tile = sched.decode(t);
+            int const n_max = Mainloop::n_block_max(params, tile.m_block);
+            clear(tOrO);
+            softmax.reset();
+            if (n_max > 0) {
+                Mainloop::mma(params, ss, pipe_q, pipe_k, pipe_v, st_q, st_k, st_v, tile, n_max, tid, tOrO,
+                              softmax);
+            }
+            float inv_sum[kNRows], lse[kNRows];
+            softmax.finalize(params.softmax_scale, inv_sum, lse);
+            rescale_rows(tO_rc, inv_sum);
+            Epilogue::store(params, ss, tOrO, lse, tile, tid);
+        }
+        Epilogue::finish(tid);
+    }
+#endif
+}
+
+}  // namespace flash_dash

@@ -1,0 +1,108 @@
+// Compile-time configuration of the sm90 forward kernel: tile shapes, smem layouts, MMAs, TMA types.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/copy_traits_sm90_tma.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cute/arch/mma_sm90.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "utils.hpp"
+
+namespace flash_dash {
+
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_>
+struct FwdKernelTraits {
+    using Element = Element_;
+    static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kBlockM = kBlockM_;
+    static constexpr int kBlockN = kBlockN_;
+    static constexpr int kStages = kStages_;
+
+    // Warp roles: warpgroup 0 = producer (one thread issues TMA), warpgroups 1.. = consumers,
+    // each owning 64 query rows of the kBlockM tile.
+    static constexpr int kNumMmaWarpGroups = kBlockM / 64;
+    static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
+    static constexpr int kNumThreads = kNumMmaThreads + 128;
+    static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups == 2, "register budget assumes 2 consumer WGs");
+    static constexpr uint32_t kProducerRegs = 24;
+    static constexpr uint32_t kConsumerRegs = 240;
+    static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
+
+    using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;
+    // S = Q K^T: both operands K-major in smem (SS).
+    using TiledMmaQK = decltype(cute::make_tiled_mma(
+        cute::GMMA::ss_op_selector<Element, Element, float,
+                                   cute::Shape<cute::_64, cute::Int<kBlockN>, cute::Int<kHeadDim>>>(),
+        AtomLayoutMNK{}));
+    // O += P V: P from registers (K-major), V^T read MN-major from the K-major V tile (RS).
+    using TiledMmaPV = decltype(cute::make_tiled_mma(
+        cute::GMMA::rs_op_selector<Element, Element, float,
+                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
+        AtomLayoutMNK{}));
+
+    using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+    using SmemLayoutQ = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+    using SmemLayoutKVStage = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
+    using SmemLayoutKV = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
+    // V^T view (d, n, stage) of the (n, d, stage) V buffer.
+    using SmemLayoutVt = decltype(cute::composition(
+        SmemLayoutKV{},
+        cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                          cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
+    using SmemLayoutO = SmemLayoutQ;
+
+    using PipelineQ = cutlass::PipelineTmaAsync<1>;
+    using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+
+    struct SharedStorage {
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_k;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+        typename PipelineQ::SharedStorage pipeline_q;
+        typename PipelineKV::SharedStorage pipeline_k;
+        typename PipelineKV::SharedStorage pipeline_v;
+    };
+    static constexpr int kSmemBytes = int(sizeof(SharedStorage));
+    static_assert(kSmemBytes <= 232448, "exceeds the sm90 227 KB opt-in smem limit");
+
+    static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
+    static constexpr uint32_t kTmaBytesKV = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+
+    // Global tensors as (seqlen, head_dim, head, batch) with the head_dim stride static 1.
+    using ShapeT = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+    using StrideT = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+    using GmemLayoutT = cute::Layout<ShapeT, StrideT>;
+
+    template <class Op, class SmemLayout, int kRows, class Ptr>
+    static auto make_tma(Op op, Ptr ptr, GmemLayoutT layout) {
+        return cute::make_tma_copy(op, cute::make_tensor(cute::make_gmem_ptr(ptr), layout), SmemLayout{},
+                                   cute::Shape<cute::Int<kRows>, cute::Int<kHeadDim>>{}, cute::_1{});
+    }
+    using TmaQ = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutQ, kBlockM>(
+        cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
+    using TmaKV = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutKVStage, kBlockN>(
+        cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
+    using TmaO = decltype(make_tma<cute::SM90_TMA_STORE, SmemLayoutO, kBlockM>(
+        cute::SM90_TMA_STORE{}, static_cast<Element*>(nullptr), GmemLayoutT{}));
+
+    struct Params {
+        TmaQ tma_q;
+        TmaKV tma_k;
+        TmaKV tma_v;
+        TmaO tma_o;
+        float* lse;
+        int seqlen_q, seqlen_k, num_heads, num_heads_k, batch, head_ratio;
+        int num_m_blocks;
+        float softmax_scale, scale_log2;
+        bool is_causal;
+    };
+};
+
+}  // namespace flash_dash

@@ -1,0 +1,196 @@
+// Forward mainloop: TMA producer (one thread) and the WGMMA/softmax consumer warpgroups.
+#pragma once
+
+#include <cmath>
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "kernel_traits_fwd.h"
+#include "softmax.hpp"
+#include "tile_scheduler_fwd.hpp"
+#include "utils.hpp"
+
+namespace flash_dash {
+
+template <class Traits>
+struct FwdMainloopSm90 {
+    using Element = typename Traits::Element;
+    using Params = typename Traits::Params;
+    using SharedStorage = typename Traits::SharedStorage;
+    using PipelineQ = typename Traits::PipelineQ;
+    using PipelineKV = typename Traits::PipelineKV;
+    using StateQ = typename PipelineQ::PipelineState;
+    using StateKV = typename PipelineKV::PipelineState;
+    static constexpr int kBlockM = Traits::kBlockM;
+    static constexpr int kBlockN = Traits::kBlockN;
+    static constexpr int kHeadDim = Traits::kHeadDim;
+
+    // Number of K/V blocks the m-block visits: blocks [0, n_max). 0 means no row sees a key.
+    // Causal is aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q.
+    CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
+        int n = (p.seqlen_k + kBlockN - 1) / kBlockN;
+        if (p.is_causal) {
+            int const m_end = min(p.seqlen_q, (m_block + 1) * kBlockM);
+            int const col_end = m_end + p.seqlen_k - p.seqlen_q;  // exclusive
+            n = min(n, col_end <= 0 ? 0 : (col_end + kBlockN - 1) / kBlockN);
+        }
+        return n;
+    }
+
+    // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
+    // Order per tile: Q, K[n_max-1], then (K[n-1], V[n]) for n = n_max-1 .. 0, matching the
+    // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n].
+    CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
+                                 PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v) {
+        using namespace cute;
+        Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+        Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
+        Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
+        Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
+
+        StateQ st_q = cutlass::make_producer_start_state<PipelineQ>();
+        StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
+        StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
+
+        for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+            FwdTile const tile = sched.decode(t);
+            int const n_max = n_block_max(p, tile.m_block);
+            if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading
+            int const head_k = tile.head / p.head_ratio;
+
+            Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                                   make_coord(tile.m_block, _0{}));
+            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));  // (N, d, n_blocks)
+            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                              group_modes<0, 2>(gQ));
+            auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                              group_modes<0, 2>(gK));
+            auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                              group_modes<0, 2>(gV));
+
+            pipe_q.producer_acquire(st_q);
+            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q)), tQgQ, tQsQ);
+            ++st_q;
+
+            int n = n_max - 1;
+            pipe_k.producer_acquire(st_k);
+            copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k)), tKgK(_, n), tKsK(_, st_k.index()));
+            ++st_k;
+            for (; n >= 0; --n) {
+                if (n > 0) {
+                    pipe_k.producer_acquire(st_k);
+                    copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k)), tKgK(_, n - 1),
+                         tKsK(_, st_k.index()));
+                    ++st_k;
+                }
+                pipe_v.producer_acquire(st_v);
+                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, n), tVsV(_, st_v.index()));
+                ++st_v;
+            }
+        }
+    }
+
+    // Consumer: one (m_block, head, batch) tile, n_max >= 1. Accumulates the unnormalised O in
+    // tOrO (zeroed by the caller) and the running max/sum in `softmax`.
+    // Intra-warpgroup overlap: S_{n-1} = Q K_{n-1}^T is issued together with O += P_n V_n; the
+    // softmax of S_{n-1} runs while the PV wgmma is in flight, O is rescaled after it retires.
+    template <class TensorO, class Softmax>
+    CUTE_DEVICE static void mma(Params const& p, SharedStorage& ss, PipelineQ& pipe_q, PipelineKV& pipe_k,
+                                PipelineKV& pipe_v, StateQ& st_q, StateKV& st_k, StateKV& st_v,
+                                FwdTile const& tile, int n_max, int tid, TensorO& tOrO, Softmax& softmax) {
+        using namespace cute;
+        typename Traits::TiledMmaQK mma_qk;
+        typename Traits::TiledMmaPV mma_pv;
+        auto thr_qk = mma_qk.get_thread_slice(tid);
+        auto thr_pv = mma_pv.get_thread_slice(tid);
+
+        Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+        Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
+        Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor tS_rc = make_rowcol_view(tSrS);
+        Tensor rP = make_tensor_like<Element>(tSrS);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
+        Tensor tO_rc = make_rowcol_view(tOrO);
+
+        Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor tScS = thr_qk.partition_C(cS);
+        Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+
+        int const row0 = tile.m_block * kBlockM;
+        int const offset = p.seqlen_k - p.seqlen_q;
+        // Mask keys >= seqlen_k and, if causal, keys j > i + offset. Only blocks that straddle a
+        // boundary pay for it (the branch is warp-uniform).
+        auto apply_mask = [&](int n_block) {
+            int const col0 = n_block * kBlockN;
+            bool const need = col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
+            if (need) {
+                CUTLASS_PRAGMA_UNROLL
+                for (int r = 0; r < size<0>(tS_rc); ++r) {
+                    int const row = row0 + get<0>(tScS_rc(r, 0));
+                    int limit = p.seqlen_k;
+                    if (p.is_causal) { limit = min(limit, row + offset + 1); }
+                    limit -= col0;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int c = 0; c < size<1>(tS_rc); ++c) {
+                        if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
+                    }
+                }
+            }
+        };
+
+        constexpr int kNRows = decltype(size<0>(tS_rc))::value;
+        float o_scale[kNRows];
+
+        int n = n_max - 1;
+        pipe_q.consumer_wait(st_q);
+        pipe_k.consumer_wait(st_k);
+        wg_gemm</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
+        pipe_k.consumer_release(st_k);
+        ++st_k;
+        apply_mask(n);
+        softmax.online(tS_rc, o_scale);  // O is still zero: no rescale
+        convert_fragment(tSrS, rP);
+
+        CUTLASS_PRAGMA_NO_UNROLL
+        for (n = n_max - 2; n >= 0; --n) {
+            pipe_k.consumer_wait(st_k);
+            wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
+            pipe_v.consumer_wait(st_v);
+            wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+            warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
+            warpgroup_fence_operand(tSrS);
+            pipe_k.consumer_release(st_k);
+            ++st_k;
+            apply_mask(n);
+            softmax.online(tS_rc, o_scale);
+            warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+            warpgroup_fence_operand(tOrO);
+            warpgroup_fence_operand(rP);
+            pipe_v.consumer_release(st_v);
+            ++st_v;
+            rescale_rows(tO_rc, o_scale);
+            convert_fragment(tSrS, rP);
+        }
+        pipe_q.consumer_release(st_q);  // last QK^T has retired
+        ++st_q;
+
+        pipe_v.consumer_wait(st_v);
+        wg_gemm<false, 0>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+        warpgroup_fence_operand(rP);
+        pipe_v.consumer_release(st_v);
+        ++st_v;
+    }
+};
+
+}  // namespace flash_dash

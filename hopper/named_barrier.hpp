@@ -1,0 +1,21 @@
+// User named-barrier ids (0..7; cutlass::arch::NamedBarrier adds 8 to reach the hardware id).
+#pragma once
+#include <cutlass/arch/barrier.h>
+
+namespace flash_dash {
+
+enum class FwdNamedBarrier : uint32_t {
+    kEpilogueSmemFree = 0,   // consumer WGs: previous O TMA store has finished reading smem
+    kEpilogueSmemReady = 1,  // consumer WGs: O tile written to smem, one thread may issue the store
+};
+
+template <class Id>
+CUTE_DEVICE void named_barrier_sync(uint32_t num_threads, Id id) {
+    cutlass::arch::NamedBarrier::sync(num_threads, static_cast<uint32_t>(id));
+}
+template <class Id>
+CUTE_DEVICE void named_barrier_arrive(uint32_t num_threads, Id id) {
+    cutlass::arch::NamedBarrier::arrive(num_threads, static_cast<uint32_t>(id));
+}
+
+}  // namespace flash_dash
