@@ -72,6 +72,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         OnlineSoftmax<kNRows> softmax(params.scale_log2);
         typename Mainloop::StateQ st_q;
         typename Mainloop::StateKV st_k, st_v;
+        Mainloop::scheduler_init(tid / 128);
 
         for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
             FwdTile const tile = sched.decode(t);

@@ -28,6 +28,9 @@ struct FwdKernelTraits {
     static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups == 2, "register budget assumes 2 consumer WGs");
     static constexpr uint32_t kProducerRegs = 24;
     static constexpr uint32_t kConsumerRegs = 240;
+    // Inter-warpgroup ping-pong (FA3's scheduler barrier): the consumer WGs take turns issuing
+    // their GEMMs, so one WG's softmax overlaps the other WG's tensor-core work.
+    static constexpr bool kUseSchedulerBarrier = true;
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;

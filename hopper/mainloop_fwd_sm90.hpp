@@ -7,6 +7,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "kernel_traits_fwd.h"
+#include "named_barrier.hpp"
 #include "softmax.hpp"
 #include "tile_scheduler_fwd.hpp"
 #include "utils.hpp"
@@ -25,6 +26,28 @@ struct FwdMainloopSm90 {
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kHeadDim = Traits::kHeadDim;
+
+    // Ping-pong between the 2 consumer warpgroups (wg = 0, 1). Every sync is matched by exactly one
+    // arrive of the other WG: both WGs work on the same tile, so they make the same number of
+    // sync/arrive pairs (n_max + 1 per tile). WG 1 pre-arrives once so WG 0 goes first; its last
+    // arrive is left pending when the CTA exits.
+    CUTE_DEVICE static void scheduler_init(int wg) {
+        if constexpr (Traits::kUseSchedulerBarrier) {
+            if (wg == 1) {
+                named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0));
+            }
+        }
+    }
+    CUTE_DEVICE static void scheduler_sync(int wg) {
+        if constexpr (Traits::kUseSchedulerBarrier) {
+            named_barrier_sync(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + wg);
+        }
+    }
+    CUTE_DEVICE static void scheduler_arrive(int wg) {
+        if constexpr (Traits::kUseSchedulerBarrier) {
+            named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + (1 - wg));
+        }
+    }
 
     // Number of K/V blocks the m-block visits: blocks [0, n_max). 0 means no row sees a key.
     // Causal is aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -152,10 +175,15 @@ struct FwdMainloopSm90 {
         constexpr int kNRows = decltype(size<0>(tS_rc))::value;
         float o_scale[kNRows];
 
+        int const wg = tid / 128;
         int n = n_max - 1;
         pipe_q.consumer_wait(st_q);
         pipe_k.consumer_wait(st_k);
-        wg_gemm</*zero_init=*/true, /*wait=*/0>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
+        scheduler_sync(wg);
+        wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
+        scheduler_arrive(wg);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tSrS);
         pipe_k.consumer_release(st_k);
         ++st_k;
         apply_mask(n);
@@ -165,9 +193,11 @@ struct FwdMainloopSm90 {
         CUTLASS_PRAGMA_NO_UNROLL
         for (n = n_max - 2; n >= 0; --n) {
             pipe_k.consumer_wait(st_k);
-            wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
             pipe_v.consumer_wait(st_v);
+            scheduler_sync(wg);
+            wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
             wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+            scheduler_arrive(wg);
             warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
             warpgroup_fence_operand(tSrS);
             pipe_k.consumer_release(st_k);
@@ -186,7 +216,11 @@ struct FwdMainloopSm90 {
         ++st_q;
 
         pipe_v.consumer_wait(st_v);
-        wg_gemm<false, 0>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+        scheduler_sync(wg);
+        wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+        scheduler_arrive(wg);
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tOrO);
         warpgroup_fence_operand(rP);
         pipe_v.consumer_release(st_v);
         ++st_v;

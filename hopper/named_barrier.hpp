@@ -7,6 +7,8 @@ namespace flash_dash {
 enum class FwdNamedBarrier : uint32_t {
     kEpilogueSmemFree = 0,   // consumer WGs: previous O TMA store has finished reading smem
     kEpilogueSmemReady = 1,  // consumer WGs: O tile written to smem, one thread may issue the store
+    kWarpSchedulerWG0 = 2,   // ping-pong: consumer WG c waits on kWarpSchedulerWG0 + c before issuing
+    kWarpSchedulerWG1 = 3,   //   its GEMMs, then arrives on the other WG's barrier
 };
 
 template <class Id>
