@@ -1,0 +1,156 @@
+"""Command line: ``flash-attn-dash plan`` predicts the backward schedules of one shape with the schedule model.
+
+Example: ``flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png``.  Defaults follow the DASH benchmark
+grid: 16k tokens per batch (``batch = 16384 // seqlen``) and hidden size 2048 (``heads = 2048 // hdim``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Sequence
+
+from .schedule.auto import Prediction, choose, predict
+from .schedule.costs import default_costs
+from .schedule.draw import draw_gantt
+from .schedule.tiles import bwd_tile_shape
+
+_HEAD_DIMS = (64, 128)
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {text!r}")
+    return value
+
+
+def _cost(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flash-attn-dash", description="flash-attn-dash tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    plan = sub.add_parser("plan", help="predict makespan and bubbles of every backward schedule for one shape",
+                          description="Predict the deterministic backward schedules of one shape with the DASH model.")
+    plan.add_argument("--seqlen", type=_positive_int, required=True, help="query sequence length")
+    plan.add_argument("--seqlen-k", type=_positive_int, help="key sequence length (default: --seqlen)")
+    plan.add_argument("--hdim", type=int, required=True, choices=_HEAD_DIMS, help="head dimension")
+    plan.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned); default full")
+    plan.add_argument("--batch", type=_positive_int, help="batch size (default: max(1, 16384 // seqlen))")
+    plan.add_argument("--heads", type=_positive_int, help="query heads (default: 2048 // hdim)")
+    plan.add_argument("--sms", type=_positive_int, default=132, help="SM count (default 132)")
+    plan.add_argument("--sm-margin", type=_non_negative_int, default=0, help="SMs left free; grid = sms - margin")
+    plan.add_argument("--c", type=_cost, help="compute cost per step (default: from tile shape, ns)")
+    plan.add_argument("--r", type=_cost, help="reduce cost per step (default: from tile shape, ns)")
+    plan.add_argument("--png", help="write SM-timeline charts to this PNG")
+    plan.add_argument("--max-ctas", type=_positive_int, default=16, help="CTAs drawn per panel (default 16)")
+    plan.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    return parser
+
+
+def _progress(label: str):
+    start = time.monotonic()
+
+    def report(fraction: float) -> None:
+        if time.monotonic() - start > 1.0:
+            print(f"simulating {label}: {fraction:.0%}", file=sys.stderr, flush=True)
+
+    return report
+
+
+def _table(predictions: list[Prediction], pick: str, reason: str, header: list[str], unit: str) -> str:
+    base = next(p for p in predictions if p.schedule == "ascending").makespan
+    lines = header + [f"{'schedule':<16} {'runs as':<16} {'makespan ' + unit:>16} {'idle':>7} {'waits':>7} "
+                      f"{'speedup':>8}"]
+    for p in predictions:
+        mark = "  <- auto" if p.schedule == pick else ""
+        lines.append(f"{p.schedule:<16} {p.schedule_used:<16} {p.makespan / (1e3 if unit == 'us' else 1):>16.1f} "
+                     f"{p.bubble_fraction:>7.1%} {p.wait_fraction:>7.1%} {base / p.makespan:>7.3f}x{mark}")
+    lines.append(f"auto -> {reason}")
+    lines += [f"  {p.schedule}: {p.description}" for p in predictions]
+    return "\n".join(lines)
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.sm_margin >= args.sms:
+        parser.error(f"argument --sm-margin: must be smaller than --sms={args.sms}, got {args.sm_margin}")
+    if args.c == 0:
+        parser.error("argument --c: the compute cost must be > 0")
+    mask = "causal" if args.causal else "full"
+    seqlen_k = args.seqlen_k or args.seqlen
+    batch = args.batch or max(1, 16384 // args.seqlen)
+    heads = args.heads or 2048 // args.hdim
+    grid = args.sms - args.sm_margin
+    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    c, r = default_costs(args.hdim, block_m, block_n)
+    default = args.c is None and args.r is None
+    c = c if args.c is None else args.c
+    r = r if args.r is None else args.r
+    predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
+                          progress=_progress(f"{mask} seqlen {args.seqlen}"))
+    pick, reason = choose(predictions, mask, args.hdim, seqlen_k)
+    base = next(p for p in predictions if p.schedule == "ascending").makespan
+    num_m, num_n = -(-args.seqlen // block_m), -(-seqlen_k // block_n)
+    if args.json:
+        print(json.dumps({
+            "mask": mask, "seqlen_q": args.seqlen, "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch,
+            "heads": heads, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n, "sms": args.sms,
+            "sm_margin": args.sm_margin, "grid": grid, "c": c, "r": r, "unit": "ns" if default else "cost units",
+            "auto": {"schedule": pick, "reason": reason},
+            "schedules": [{"schedule": p.schedule, "schedule_used": p.schedule_used, "description": p.description,
+                           "fallback": p.fallback, "num_ctas": p.timeline.plan.num_ctas, "makespan": p.makespan,
+                           "bubble_fraction": p.bubble_fraction, "wait_fraction": p.wait_fraction,
+                           "speedup_over_ascending": base / p.makespan, "auto": p.schedule == pick}
+                          for p in predictions],
+        }, indent=2))
+    else:
+        unit = "us" if default else "units"
+        header = [f"plan: {mask}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
+                  f"heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "
+                  f"grid {grid} = {args.sms} SMs - margin {args.sm_margin}",
+                  f"per step: compute c={c:g}, reduce r={r:g} {'ns ' if default else ''}(r/c={r / c:.3f}); "
+                  f"idle = waits + CTAs done early, over grid x makespan"]
+        print(_table(predictions, pick, reason, header, unit))
+    if args.png:
+        titles = [f"{p.schedule}" + (f" (runs {p.schedule_used})" if not p.valid else "")
+                  + f": makespan {p.makespan:.4g}, idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
+                  + ("  [auto]" if p.schedule == pick else "") for p in predictions]
+        draw_gantt([p.timeline for p in predictions], titles, args.png, args.max_ctas,
+                   "time (ns, model)" if default else "time (cost units)")
+        if not args.json:
+            print(f"wrote {args.png}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``flash-attn-dash`` console script; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    return _plan(args, parser)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

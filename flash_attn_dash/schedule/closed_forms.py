@@ -1,0 +1,69 @@
+"""Closed-form makespans of the DASH setting: n K/V tiles per head on n CTAs, m heads, square tiles (M = N = n).
+
+Costs: ``c`` per compute, ``r`` per reduce (see :mod:`.simulate`).  ``T(k, j)`` below is the end of the j-th step of the
+tile on CTA k within one head.
+
+Paper forms (DASH, balanced assignment; :func:`paper_makespan`):
+    full ascending ``m n (c+r) + (n-1) r``; full shift ``m n (c+r)``; causal descending ``m (n+1) (c+r) / 2 + (n-1) r``;
+    causal symmetric shift ``m (n+1) (c+r) / 2``. The causal forms assume every SM does ``(n+1)/2`` steps per head.  One
+    assignment that realises the descending form exactly (for even m and ``r <= c``) is "head pairs": CTA k runs tile k
+    of head 2i, then tile n-1-k of head 2i+1, each descending; with ``r > c`` the reduce chains of one head pair outlast
+    the computes and the form no longer holds.
+
+Our exact model (:func:`model_makespan`, the orders of :mod:`.orders` with ``num_sms = n``):
+
+* Static persistent grid, ``G = n = N``: tile t goes to CTA ``t mod n``, so CTA k runs tile k of every head.
+* full ascending / descending: ``m n (c+r) + (n-1) r``.  The tile on CTA k waits for CTA k-1 on every row, each CTA
+  visits the rows in the same order, so ``T(k, j) = (j+1)(c+r) + k r`` and the stagger carries over from head to head.
+* full shift: ``m n (c+r)``: R = M = n, every rank predecessor ran one step earlier (see :mod:`.orders`), no waits.
+* causal ascending: ``m n (c+r) + (n-1) r``, not ``m (n+1)(c+r)/2 + ...``: CTA k always gets tile k (n-k steps), so
+  CTA 0 runs ``m n`` steps and the grid is unbalanced; tile k starts on row k, which waits for tile k-1's second step:
+  ``T(k, j) = (h n + j + k + 1)(c+r) + k r`` in head h, and the last CTA ends ``(n-1) r`` after CTA 0.
+* causal descending: ``m n (c+r)``: same imbalance, but all tiles start on row n-1 together, ``T(k, j) = h n (c+r) +
+  (j+1)(c+r) + k r``, so CTA k ends head m-1 at ``m n (c+r) - k c`` and CTA 0 (no waits) is last.
+* causal symmetric shift (n even): ``ceil(m/2) (n+1) (c+r)``.  A round holds n pairs = two whole heads, each CTA runs
+  ``n + 1`` steps per pair with no waits, and odd m leaves a half-full last round; equal to the paper for even m.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+from numbers import Real
+
+
+def _check(n: int, m: int) -> None:
+    if n < 1 or m < 1:
+        raise ValueError(f"n and m must be positive integers, got n={n!r}, m={m!r}")
+
+
+def paper_makespan(mask: str, schedule: str, n: int, m: int, c: Real, r: Real) -> Real:
+    """The DASH paper's closed form for (mask, schedule) in {full: ascending, shift; causal: descending,
+    symmetric_shift}."""
+    _check(n, m)
+    forms = {
+        ("full", "ascending"): lambda: m * n * (c + r) + (n - 1) * r,
+        ("full", "shift"): lambda: m * n * (c + r),
+        ("causal", "descending"): lambda: Fraction(m * (n + 1)) * (c + r) / 2 + (n - 1) * r,
+        ("causal", "symmetric_shift"): lambda: Fraction(m * (n + 1)) * (c + r) / 2,
+    }
+    if (mask, schedule) not in forms:
+        raise ValueError(f"(mask, schedule) must be one of {sorted(forms)}, got {(mask, schedule)!r}")
+    return forms[mask, schedule]()
+
+
+def model_makespan(mask: str, schedule: str, n: int, m: int, c: Real, r: Real) -> Real:
+    """Our exact model's closed form (derivations in the module docstring); symmetric_shift needs n even."""
+    _check(n, m)
+    forms = {
+        ("full", "ascending"): lambda: m * n * (c + r) + (n - 1) * r,
+        ("full", "descending"): lambda: m * n * (c + r) + (n - 1) * r,
+        ("full", "shift"): lambda: m * n * (c + r),
+        ("causal", "ascending"): lambda: m * n * (c + r) + (n - 1) * r,
+        ("causal", "descending"): lambda: m * n * (c + r),
+        ("causal", "symmetric_shift"): lambda: -(-m // 2) * (n + 1) * (c + r),
+    }
+    if (mask, schedule) not in forms:
+        raise ValueError(f"(mask, schedule) must be one of {sorted(forms)}, got {(mask, schedule)!r}")
+    if schedule == "symmetric_shift" and n % 2:
+        raise ValueError(f"n must be even for symmetric_shift, got n={n}")
+    return forms[mask, schedule]()

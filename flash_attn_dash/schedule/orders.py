@@ -1,0 +1,184 @@
+"""The four dQ accumulation orders: which CTA runs which K/V tile, the order of its Q tiles, and each step's rank.
+
+Every formula here is written so that a CUDA kernel can evaluate it per tile from ``(t or chunk, G, B, H, M, N)`` alone;
+the kernels mirror this file.  Notation: ``q = b * H + h`` is the linear (batch, head) index, ``G`` the persistent grid
+size, ``rank`` the position of a contribution in the addition order of its dQ tile ``(b, h, m)``.
+
+Static persistent grid (``ascending``, ``descending``, ``shift``)
+    ``T = B * H * N`` tiles, linear index ``t = q * N + n`` (n fastest).  ``G = min(num_sms, T)``; CTA ``g`` runs
+    ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are co-resident, so
+    the tiles of one round really run concurrently.
+
+``ascending``
+    m from ``m_min(n)`` up to ``M - 1``; ``rank = n``.  (In general the rank is the number of tiles ``n' < n`` that
+    touch m; because ``m_min`` is non-decreasing, every ``n' < n`` touches a row that n touches, so this is ``n``.)
+``descending``
+    m from ``M - 1`` down to ``m_min(n)``; ``rank = n``.
+``shift`` (full mask only)
+    Per head and round: ``R`` = number of the head's tiles in round j, ``F = max(0, j*G - q*N)`` = its tiles in earlier
+    rounds, slot ``k = n - F`` in ``[0, R)``.  If ``R <= M``: the tile visits ``m_i = (k + i) mod M`` for ``i = 0..M-1``
+    and ``rank = F + ((min(m, R-1) - k) mod R)``; in a lock-step round the R slots then write R distinct rows and every
+    rank predecessor ran one step earlier, so nothing waits.  **Fallback** if ``R > M`` (more tiles of the head in
+    flight than Q tiles): that (head, round) group is ordered exactly like ``descending`` (``m = M-1-i``,
+    ``rank = F + k = n``).  Earlier rounds always rank first, so groups with different rules compose without deadlock.
+``symmetric_shift`` (causal only)
+    Assumptions: ``seqlen_q == seqlen_k``, ``block_n % block_m == 0`` (``s = block_n / block_m``) and N even.  ``M`` may
+    be smaller than ``N * s`` (a partial last K/V tile).  **Fallback** when an assumption fails: the whole call uses
+    ``descending`` (``Plan.schedule_used`` says so).
+
+    Pair grid: ``P = N / 2`` pairs per head, chunk ``c = q * P + p`` pairs tiles ``p`` (long) and ``N - 1 - p`` (short).
+    ``G = min(num_sms, B * H * P)``; CTA ``g`` runs chunks ``g, g + G, ...``, each chunk its long tile then its short
+    tile.  Round ``j`` is ``c in [j*G, (j+1)*G)``; ``R``, ``F``, ``k = p - F`` as above but counted in pairs.  With
+    ``Rs = (F + R - 1) * s`` (``m_min`` of the group's last long tile) and ``L = M - Rs``:
+
+    * long tile ``n = F + k``: ``L`` steps over the shared rectangle ``m = Rs + ((k + i) mod L)``, then its own triangle
+      ``m = n*s, ..., Rs - 1`` ascending; rank ``E(m) + ((min(m - Rs, R-1) - k) mod R)`` in the rectangle and
+      ``E(m) + (m // s - n)`` in the triangle;
+    * short tile ``n' = N - 1 - F - k``: ``m = M-1`` down to ``n' * s``; rank ``E(m) + R + (R - 1 - k)``;
+    * ``E(m) = F + max(0, m // s + 1 - N + F)`` = contributions of the head's earlier rounds (F long tiles and the short
+      tiles ``n' >= N - F`` that reach row m).
+
+    Every CTA does ``2M - (N-1)s`` steps per chunk (``M + s`` when ``M = N s``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .tiles import TileGrid
+
+SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
+MASK_OF = {"shift": "full", "symmetric_shift": "causal"}
+
+
+def applicable(schedule: str, mask: str) -> bool:
+    """Whether ``schedule`` may be requested for ``mask`` (ascending/descending always; the shifts for one mask
+    each)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    return MASK_OF.get(schedule, mask) == mask
+
+
+@dataclass(frozen=True)
+class Orders:
+    """Tiles and steps in CTA-major execution order (CTA 0's work first, each CTA's work in program order)."""
+
+    num_ctas: int
+    tile_cta: np.ndarray  # (T,) CTA running the tile
+    tile_round: np.ndarray  # (T,) persistent round (wave) of the tile
+    tile_b: np.ndarray
+    tile_h: np.ndarray
+    tile_n: np.ndarray
+    tile_len: np.ndarray  # (T,) number of steps (0 for a task-less tile)
+    step_m: np.ndarray  # (S,) Q tile of each step
+    step_rank: np.ndarray  # (S,) rank of each step in its dQ tile
+    schedule_used: str
+    description: str
+    fallback: str | None = None  # why the requested schedule could not run, when schedule_used differs from it
+
+
+def _waves(unit: np.ndarray, per_head: int, num_ctas: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Wave model of linear unit indices (tiles or pairs): returns (R, F, k) per unit; ``per_head`` units per head."""
+    head_start = (unit // per_head) * per_head
+    wave_start = (unit // num_ctas) * num_ctas
+    finished = np.maximum(0, wave_start - head_start)
+    running = np.minimum(head_start + per_head, wave_start + num_ctas) - np.maximum(head_start, wave_start)
+    slot = unit - head_start - finished
+    return running, finished, slot
+
+
+def _expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For tiles with ``lengths`` steps laid out back to back: (tile index, step index within tile) of every step."""
+    tile = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
+    starts = np.cumsum(lengths) - lengths
+    return tile, np.arange(tile.size, dtype=np.int64) - starts[tile]
+
+
+def _static(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str) -> Orders:
+    num_m, num_n = grid.num_m, grid.num_n
+    total = batch * heads * num_n
+    num_ctas = min(num_sms, total)
+    t = np.arange(total, dtype=np.int64)
+    t = t[np.argsort(t % num_ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
+    n, q = t % num_n, t // num_n
+    m_min = grid.m_min()[n]
+    lengths = num_m - m_min
+    tile, i = _expand(lengths)
+    step_n = n[tile]
+    step_rank = step_n  # ascending and descending: rank = n (see module docstring)
+    note = ""
+    if schedule == "ascending":
+        step_m = m_min[tile] + i
+    elif schedule == "descending":
+        step_m = num_m - 1 - i
+    else:  # shift
+        running_t, finished_t, slot_t = _waves(t, num_n, num_ctas)
+        running, finished, slot = running_t[tile], finished_t[tile], slot_t[tile]
+        fits = running <= num_m
+        step_m = np.where(fits, (slot + i) % num_m, num_m - 1 - i)
+        shifted = finished + (np.minimum(step_m, running - 1) - slot) % running
+        step_rank = np.where(fits, shifted, step_n)
+        over = running_t > num_m
+        if over.any():
+            groups = np.unique(q[over] * (total // num_ctas + 1) + t[over] // num_ctas).size
+            note = f"; {groups} (head, round) group(s) have R > M={num_m} and use the descending order"
+    return Orders(num_ctas, t % num_ctas, t // num_ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
+                  schedule, f"{schedule} over a static persistent grid of {num_ctas} CTAs{note}")
+
+
+def symmetric_shift_fallback(grid: TileGrid) -> str | None:
+    """Why ``symmetric_shift`` cannot run on ``grid`` (then ``descending`` is used), or None if its assumptions hold."""
+    if grid.mask != "causal":
+        return "symmetric_shift needs the causal mask"
+    if grid.seqlen_q != grid.seqlen_k:
+        return f"symmetric_shift needs seqlen_q == seqlen_k (got {grid.seqlen_q} != {grid.seqlen_k})"
+    if grid.block_n % grid.block_m:
+        return f"symmetric_shift needs block_n % block_m == 0 (got {grid.block_m}x{grid.block_n} tiles)"
+    if grid.num_n % 2:
+        return f"symmetric_shift needs an even number of K/V tiles (got N={grid.num_n})"
+    return None
+
+
+def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
+    num_m, num_n, s = grid.num_m, grid.num_n, grid.block_n // grid.block_m
+    pairs = num_n // 2
+    total = batch * heads * pairs
+    num_ctas = min(num_sms, total)
+    c = np.arange(total, dtype=np.int64)
+    c = c[np.argsort(c % num_ctas, kind="stable")]
+    running, finished, slot = _waves(c, pairs, num_ctas)
+    # Two tiles per chunk, long (stage 0) then short (stage 1).
+    c2, run2, fin2, slot2 = (np.repeat(a, 2) for a in (c, running, finished, slot))
+    stage = np.tile(np.array([0, 1], dtype=np.int64), total)
+    p = c2 % pairs
+    n = np.where(stage == 0, p, num_n - 1 - p)
+    q = c2 // pairs
+    lengths = num_m - n * s
+    tile, i = _expand(lengths)
+    st, nn, rr, ff, kk = (a[tile] for a in (stage, n, run2, fin2, slot2))
+    rect_start = (ff + rr - 1) * s
+    rect_len = num_m - rect_start
+    in_rect = i < rect_len
+    m_long = np.where(in_rect, rect_start + (kk + i) % rect_len, nn * s + (i - rect_len))
+    step_m = np.where(st == 0, m_long, num_m - 1 - i)
+    earlier = ff + np.maximum(0, step_m // s + 1 - num_n + ff)
+    rank_long = np.where(in_rect, (np.minimum(step_m - rect_start, rr - 1) - kk) % rr, step_m // s - nn)
+    step_rank = earlier + np.where(st == 0, rank_long, rr + (rr - 1 - kk))
+    return Orders(num_ctas, c2 % num_ctas, c2 // num_ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
+                  "symmetric_shift", f"symmetric_shift over a pair grid of {num_ctas} CTAs (s={s})")
+
+
+def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str) -> Orders:
+    """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads and a persistent grid of ``num_sms``
+    CTAs."""
+    if not applicable(schedule, grid.mask):
+        raise ValueError(f"schedule {schedule!r} needs mask {MASK_OF[schedule]!r}, got mask {grid.mask!r}")
+    if schedule == "symmetric_shift":
+        reason = symmetric_shift_fallback(grid)
+        if reason is None:
+            return _symmetric(grid, batch, heads, num_sms)
+        orders = _static(grid, batch, heads, num_sms, "descending")
+        return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
+    return _static(grid, batch, heads, num_sms, schedule)
