@@ -324,3 +324,12 @@ def test_large_plan_is_fast():
     plan.check()
     assert plan.num_steps == 32 * 128 * 128
     assert time.monotonic() - start < 10
+
+
+def test_auto_respects_allowed_schedules():
+    from flash_attn_dash.schedule.auto import choose_schedule
+
+    free, _ = choose_schedule("causal", 128, 8192, 8192, 2, 16, 132)
+    assert free == "symmetric_shift"
+    name, reason = choose_schedule("causal", 128, 8192, 8192, 2, 16, 132, allowed=("ascending", "descending"))
+    assert name in ("ascending", "descending") and name in reason

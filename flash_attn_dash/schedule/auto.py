@@ -93,9 +93,13 @@ def _measured(mask: str, head_dim: int, seqlen_k: int, valid: set[str],
 
 
 def choose(predictions: list[Prediction], mask: str, head_dim: int, seqlen_k: int,
-           measured: tuple[MeasuredPreference, ...] | None = None) -> tuple[str, str]:
-    """Apply the ``auto`` rule to ``predictions`` of one shape; returns ``(schedule, reason)``."""
-    valid = [p for p in predictions if p.valid]
+           measured: tuple[MeasuredPreference, ...] | None = None,
+           allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """Apply the ``auto`` rule to ``predictions`` of one shape; returns ``(schedule, reason)``.
+
+    ``allowed`` restricts the pick to the schedules a caller can run (e.g. those the compiled kernels implement).
+    """
+    valid = [p for p in predictions if p.valid and (allowed is None or p.schedule in allowed)]
     base = next(p for p in predictions if p.schedule == "ascending")
     skipped = "".join(f"; {p.schedule} skipped ({p.fallback})" for p in predictions if not p.valid)
     pref = _measured(mask, head_dim, seqlen_k, {p.schedule for p in valid},
@@ -112,7 +116,11 @@ def choose(predictions: list[Prediction], mask: str, head_dim: int, seqlen_k: in
 
 @lru_cache(maxsize=256)
 def choose_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-                    c: float | None = None, r: float | None = None) -> tuple[str, str]:
-    """The schedule ``auto`` takes for this call, and a one-line reason (cached: the result is a pure function)."""
+                    c: float | None = None, r: float | None = None,
+                    allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
+    """The schedule ``auto`` takes for this call, and a one-line reason (cached: the result is a pure function).
+
+    ``allowed``: only pick among these schedules (default: every modelled one).
+    """
     predictions = predict(mask, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, c, r)
-    return choose(predictions, mask, head_dim, seqlen_k)
+    return choose(predictions, mask, head_dim, seqlen_k, allowed=allowed)
