@@ -3,6 +3,7 @@
 Knobs (environment):
   FLASH_DASH_HDIMS   comma list of head dims to compile (default "64,128")
   FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
+  FLASH_DASH_PASSES  comma list of passes to compile (default "fwd,bwd"; a subset is for kernel development)
   FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
   MAX_JOBS           parallel nvcc jobs (read by torch's ninja builder)
 
@@ -17,6 +18,7 @@ from pathlib import Path
 
 SUPPORTED_HDIMS = (64, 128)
 SUPPORTED_DTYPES = ("bf16", "fp16")
+SUPPORTED_PASSES = ("fwd", "bwd")
 ROOT = Path(__file__).resolve().parent
 
 
@@ -41,12 +43,13 @@ def selected_dtypes() -> list[str]:
 
 
 def kernel_sources() -> list[str]:
-    """Instantiation files for the selected head dims and dtypes (relative paths)."""
+    """Instantiation files for the selected passes, head dims and dtypes (relative paths)."""
     hdims, dtypes = selected_hdims(), selected_dtypes()
+    passes = _env_list("FLASH_DASH_PASSES", SUPPORTED_PASSES, str)
     out = []
     for path in sorted((ROOT / "hopper" / "instantiations").glob("*.cu")):
         m = re.fullmatch(r"(fwd|bwd)_hdim(\d+)_(\w+)\.cu", path.name)
-        if m and int(m.group(2)) in hdims and m.group(3) in dtypes:
+        if m and m.group(1) in passes and int(m.group(2)) in hdims and m.group(3) in dtypes:
             out.append(str(path.relative_to(ROOT)))
     return out
 
