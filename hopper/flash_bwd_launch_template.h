@@ -59,7 +59,9 @@ template <class Traits, bool Is_causal, bool Deterministic, class Policy>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     auto kernel = bwd_kernel_sm90<Traits, Is_causal, Deterministic, Policy>;
     constexpr int smem = Traits::kSmemBytes;
-    check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem), "smem attribute");
+    // Once per process and instantiation (also keeps the call out of CUDA-graph capture after warm-up).
+    static cudaError_t const attr_status = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    check_cuda(attr_status, "smem attribute");
     kernel<<<grid, Traits::NumThreads, smem, stream>>>(kp);
     check_cuda(cudaGetLastError(), "main kernel launch");
 }

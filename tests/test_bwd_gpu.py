@@ -1,0 +1,261 @@
+"""sm90 backward kernels: gradients vs the fp32 reference, bitwise determinism, deadlock/coverage sweep
+and model = kernel (dQ accumulation order trace vs flash_attn_dash.schedule). GPU only.
+
+Rule (dash.md §7): max|x - ref| <= 2 * max|x_pt - ref| + atol, ref = fp32 autograd, x_pt = input-dtype autograd,
+atol = 2 * max|ref + 0.3 - 0.3 - ref|.
+"""
+from __future__ import annotations
+
+import math
+import random
+import time
+
+import pytest
+import torch
+
+
+def _sm90_kernels() -> bool:
+    try:
+        import flash_attn_dash
+    except ImportError:
+        return False
+    return (
+        torch.cuda.is_available()
+        and torch.cuda.get_device_capability() == (9, 0)
+        and flash_attn_dash.kernels_available()
+    )
+
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not _sm90_kernels(), reason="needs an sm90 GPU and the compiled kernels"),
+]
+
+DTYPES = [torch.bfloat16, torch.float16]
+HDIMS = [64, 128]
+SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
+BIG_SHAPES = [(4224, 4224)]
+# (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
+HEAD_CONFIGS = [(1, 1, 1), (3, 6, 6), (3, 6, 2), (1, 6, 1)]
+SCHEDULES = {"ascending": 0, "descending": 1}
+WATCHDOG_S = 10.0
+
+
+def _blocks(d: int) -> tuple[int, int]:
+    return (128, 128) if d <= 64 else (64, 128)
+
+
+def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
+    from flash_attn_dash.reference import attention_ref
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
+    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    with torch.no_grad():
+        out32, lse = attention_ref(q.float(), k.float(), v.float(), softmax_scale=d ** -0.5, causal=causal, upcast=True)
+    return q, k, v, dout, out32.to(dtype).contiguous(), lse.float().contiguous()
+
+
+def _bwd(dout, q, k, v, out, lse, causal, deterministic, schedule, sm_margin=0, poison=True):
+    import flash_attn_dash  # noqa: F401  (registers the ops)
+
+    fill = float("nan") if poison else 0.0
+    dq = torch.full_like(q, fill)
+    dk = torch.full_like(k, fill)
+    dv = torch.full_like(v, fill)
+    scale = q.shape[-1] ** -0.5
+    return torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic,
+                                         schedule, sm_margin)
+
+
+def _ref_grads(q, k, v, dout, causal, upcast):
+    from flash_attn_dash.reference import attention_ref
+
+    qr, kr, vr = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
+    if upcast:
+        qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
+    out, _ = attention_ref(qr, kr, vr, softmax_scale=q.shape[-1] ** -0.5, causal=causal, upcast=upcast)
+    grads = torch.autograd.grad(out, (qr, kr, vr), dout.to(out.dtype))
+    return [torch.nan_to_num(g_) for g_ in grads]
+
+
+def _check_grads(q, k, v, dout, grads, causal):
+    ref = _ref_grads(q, k, v, dout, causal, upcast=True)
+    pt = _ref_grads(q, k, v, dout, causal, upcast=False)
+    for name, x, r, p in zip(("dq", "dk", "dv"), grads, ref, pt):
+        assert x.shape == r.shape and x.dtype == q.dtype, name
+        assert not torch.isnan(x).any(), f"{name}: NaN or unwritten (poison) elements"
+        atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item()
+        err = (x.float() - r).abs().max().item()
+        err_pt = (p.float() - r).abs().max().item()
+        assert err <= 2 * err_pt + atol, f"{name}: err {err:.3e} > 2 * pt {err_pt:.3e} + atol {atol:.3e}"
+
+
+def _wait(stream=None, timeout=WATCHDOG_S):
+    stream = stream or torch.cuda.current_stream()
+    t0 = time.monotonic()
+    while not stream.query():
+        if time.monotonic() - t0 > timeout:
+            pytest.fail(f"backward did not finish within {timeout} s (deadlock?)")
+        time.sleep(1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("sq,sk", SHAPES)
+@pytest.mark.parametrize("b,h,hk", HEAD_CONFIGS)
+def test_bwd_matches_reference(b, h, hk, sq, sk, schedule, deterministic, causal, d, dtype):
+    q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, dtype, causal)
+    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, SCHEDULES[schedule])
+    _wait()
+    _check_grads(q, k, v, dout, grads, causal)
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("sq,sk", BIG_SHAPES)
+def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
+    q, k, v, dout, out, lse = _inputs(1, sq, sk, 2, 1, d, torch.bfloat16, causal)
+    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, SCHEDULES[schedule])
+    _wait(timeout=60)
+    _check_grads(q, k, v, dout, grads, causal)
+
+
+def test_unimplemented_schedules_raise():
+    q, k, v, dout, out, lse = _inputs(1, 128, 128, 1, 1, 64, torch.bfloat16, False)
+    for sched in (2, 3):
+        with pytest.raises((ValueError, RuntimeError), match="(?i)shift|schedule"):
+            _bwd(dout, q, k, v, out, lse, False, True, sched)
+
+
+def _bits(grads):
+    return [g_.view(torch.int16).clone() for g_ in grads]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_bwd_bitwise_deterministic(schedule, causal):
+    q, k, v, dout, out, lse = _inputs(2, 1024, 1024, 4, 2, 128, torch.bfloat16, causal)
+    s = SCHEDULES[schedule]
+    first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s))
+    for i in range(1000):
+        got = _bwd(dout, q, k, v, out, lse, causal, True, s)
+        if i % 100 == 99:
+            _wait(timeout=120)
+        for a, g_ in zip(first, got):
+            assert torch.equal(a, g_.view(torch.int16)), f"call {i}: bits differ"
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_bwd_deterministic_with_concurrent_work(schedule):
+    q, k, v, dout, out, lse = _inputs(2, 2048, 2048, 4, 4, 64, torch.bfloat16, True)
+    s = SCHEDULES[schedule]
+    first = _bits(_bwd(dout, q, k, v, out, lse, True, True, s))
+    side = torch.cuda.Stream()
+    a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
+    with torch.cuda.stream(side):
+        for _ in range(50):
+            a = (a @ a).clamp_(-1, 1)
+    for i in range(100):
+        got = _bwd(dout, q, k, v, out, lse, True, True, s)
+        for x, g_ in zip(first, got):
+            assert torch.equal(x, g_.view(torch.int16)), f"call {i}: bits differ under concurrent work"
+    _wait(side, timeout=120)
+    _wait(timeout=120)
+
+
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+def test_bwd_deterministic_cuda_graph(schedule):
+    import flash_attn_dash  # noqa: F401
+
+    q, k, v, dout, out, lse = _inputs(1, 1000, 1500, 6, 2, 128, torch.bfloat16, True)
+    s = SCHEDULES[schedule]
+    first = _bits(_bwd(dout, q, k, v, out, lse, True, True, s, poison=False))
+    dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
+    scale = q.shape[-1] ** -0.5
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up on the capture stream
+        torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, True, True, s, 0)
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, True, True, s, 0)
+    for i in range(50):
+        for x in (dq, dk, dv):
+            x.fill_(float("nan"))
+        graph.replay()
+        _wait(timeout=30)
+        for a, g_ in zip(first, (dq, dk, dv)):
+            assert torch.equal(a, g_.view(torch.int16)), f"replay {i}: bits differ"
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bwd_deadlock_sweep(seed):
+    rng = random.Random(seed)
+    for _ in range(12):
+        sq, sk = rng.randint(1, 5000), rng.randint(1, 5000)
+        causal = rng.random() < 0.5
+        sched = rng.choice(list(SCHEDULES.values()))
+        d = rng.choice(HDIMS)
+        hk = rng.choice([1, 2])
+        margin = rng.randint(0, 100)
+        det = rng.random() < 0.75
+        q, k, v, dout, out, lse = _inputs(1, sq, sk, 2, hk, d, torch.bfloat16, causal, seed=rng.randint(0, 1 << 30))
+        grads = _bwd(dout, q, k, v, out, lse, causal, det, sched, sm_margin=margin)
+        _wait()
+        for g_ in grads:
+            assert not torch.isnan(g_).any(), f"NaN/unwritten for sq={sq} sk={sk} causal={causal} margin={margin}"
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("sq,sk,b,h,hk,margin", [
+    (1024, 1024, 2, 3, 3, 0), (113, 2000, 1, 4, 2, 17), (2000, 113, 2, 2, 1, 0), (4224, 4224, 1, 2, 2, 100),
+    (799, 3, 3, 2, 2, 5),
+])
+def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
+    import numpy as np
+    import flash_attn_dash  # noqa: F401
+    from flash_attn_dash.schedule import build_plan
+
+    q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, torch.bfloat16, causal)
+    scale = d ** -0.5
+    _, _, _, trace = torch.ops.flash_attn_dash.bwd_trace(dout, q, k, v, out, lse, scale, causal, True,
+                                                         SCHEDULES[schedule], margin)
+    _wait()
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
+    bm, bn = _blocks(d)
+    plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk)
+    expect = plan.trace_array()
+    got = trace.cpu().numpy().astype(np.int32)
+    assert got.shape == expect.shape
+    bad = np.argwhere(got != expect)
+    assert bad.size == 0, f"{len(bad)} trace entries differ, first (b,h,m,pos) {bad[0].tolist()}: " \
+                          f"kernel {got[tuple(bad[0])]} model {expect[tuple(bad[0])]}"
+
+
+def test_bwd_nondeterministic_trace_is_a_permutation():
+    import numpy as np
+    import flash_attn_dash  # noqa: F401
+
+    q, k, v, dout, out, lse = _inputs(2, 1024, 1500, 3, 3, 128, torch.bfloat16, True)
+    _, _, _, trace = torch.ops.flash_attn_dash.bwd_trace(dout, q, k, v, out, lse, 128 ** -0.5, True, False, 0, 0)
+    _wait()
+    t = trace.cpu().numpy()
+    bm, bn = _blocks(128)
+    off = 1500 - 1024
+    for m in range(t.shape[2]):
+        expect = sorted(n for n in range(t.shape[3]) if max(0, math.floor((n * bn - off) / bm)) <= m)
+        for bb in range(t.shape[0]):
+            for hh in range(t.shape[1]):
+                row = t[bb, hh, m]
+                assert sorted(x for x in row if x >= 0) == expect
