@@ -44,3 +44,7 @@ def require_kernels() -> None:
             f"({_IMPORT_ERROR}); reinstall on a machine with nvcc and a CUDA build of torch: "
             "pip install --no-build-isolation -e .  — or use flash_attn_dash.attention_ref for the PyTorch reference"
         )
+
+
+# The op schemas the extension implements live in ops.py; define them whenever the extension loads.
+from . import ops as _ops  # noqa: E402,F401

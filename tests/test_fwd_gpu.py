@@ -39,17 +39,14 @@ HEAD_CONFIGS = [(1, 1, 1), (3, 6, 6), (3, 6, 2), (1, 6, 1)]
 
 def _run_fwd(q, k, v, softmax_scale, causal, sm_margin=0, poison=True):
     """Low-level forward into preallocated, poisoned out / lse buffers."""
-    import flash_attn_dash  # noqa: F401  (registers the ops)
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
     b, sq, h, d = q.shape
     fill = float("nan") if poison else 0.0
     out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
-    ops = torch.ops.flash_attn_dash
-    if hasattr(ops, "fwd_out"):
-        lse = torch.full((b, h, sq), fill, dtype=torch.float32, device=q.device)
-        ops.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
-        return out, lse
-    return ops.fwd(q, k, v, out, softmax_scale, causal, sm_margin)
+    lse = torch.full((b, h, sq), fill, dtype=torch.float32, device=q.device)
+    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
+    return out, lse
 
 
 def _check(q, k, v, out, lse, softmax_scale, causal):
