@@ -1,0 +1,508 @@
+#!/usr/bin/env python
+"""One transformer block, forward + backward, with a pluggable attention (flash-attn-dash
+benchmarks).
+
+Block (torch.nn.Module `Block`): norm -> fused QKV projection -> RoPE -> attention ->
+output projection -> residual -> norm -> MLP -> residual. Shapes:
+  llama3-8b   h 32, kv 8, d 128, hidden 4096, SwiGLU 14336, RMSNorm, RoPE, causal
+  qwen2.5-7b  h 28, kv 4, d 128, hidden 3584, SwiGLU 18944, RMSNorm, RoPE, QKV bias, causal
+  vit-2048    h 16, kv 16, d 128, hidden 2048, GELU MLP 8192, LayerNorm, no RoPE, full mask
+batch 1, seqlen 4k/8k/16k/32k, bf16. The attention function receives (b, s, h, d) q and
+(b, s, h_kv, d) k/v: GQA goes natively to flash_attn_dash / FA4, and to SDPA through
+repeat_interleave (default) or enable_gqa (--sdpa-gqa native).
+
+Timed (CUDA events, median of --iters >= 20 after --warmup, inputs rotated among --sets):
+  fwd:  out = block(x)   (x and the weights require grad)
+  step: out = block(x); torch.autograd.grad(out, [x] + weights, dout)   (forward + backward)
+  bwd_ms_est = step - fwd.
+Each row also records whether all gradients were bit-identical over --repeats steps and the
+max |out - out_sdpa| and |dx - dx_sdpa| against the SDPA row of the same shape.
+Exit codes as bench_attn.py (0 ok, 1 harness/--strict, 2 no CUDA, 3 aborted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+
+def _load_common():
+    name = "fad_bench_common"
+    if name not in sys.modules:
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules[name] = mod
+        spec.loader.exec_module(mod)
+    return sys.modules[name]
+
+
+bc = _load_common()
+PROG = "bench_block.py"
+
+MODELS = {
+    "llama3-8b": dict(hidden=4096, heads=32, heads_kv=8, hdim=128, intermediate=14336,
+                      causal=True, mlp="swiglu", norm="rms", rope=True, qkv_bias=False,
+                      rope_theta=500000.0),
+    "qwen2.5-7b": dict(hidden=3584, heads=28, heads_kv=4, hdim=128, intermediate=18944,
+                       causal=True, mlp="swiglu", norm="rms", rope=True, qkv_bias=True,
+                       rope_theta=1000000.0),
+    "vit-2048": dict(hidden=2048, heads=16, heads_kv=16, hdim=128, intermediate=8192,
+                     causal=False, mlp="gelu", norm="layer", rope=False, qkv_bias=True,
+                     rope_theta=None),
+    # harness self-tests only (not in the default list)
+    "tiny-gqa": dict(hidden=256, heads=4, heads_kv=2, hdim=64, intermediate=512, causal=True,
+                     mlp="swiglu", norm="rms", rope=True, qkv_bias=True, rope_theta=10000.0),
+    "tiny-vit": dict(hidden=256, heads=4, heads_kv=4, hdim=64, intermediate=512, causal=False,
+                     mlp="gelu", norm="layer", rope=False, qkv_bias=True, rope_theta=None),
+}
+DEFAULT_MODELS = ["llama3-8b", "qwen2.5-7b", "vit-2048"]
+BLOCK_SEQLENS = [4096, 8192, 16384, 32768]
+BLOCK_IMPLS = ["dash-det", "dash-det-ascending", "dash", "sdpa"]
+QUICK_MODELS = ["llama3-8b"]
+QUICK_SEQLENS = [8192]
+REF_IMPL = "sdpa"
+
+
+def build_block(cfg: dict, attn_fn, seqlen: int, device, dtype):
+    """Construct the Block module (kept in a function so torch is imported lazily)."""
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    class RMSNorm(nn.Module):
+        def __init__(self, dim, eps=1e-5):
+            super().__init__()
+            self.eps = eps
+            self.weight = nn.Parameter(torch.ones(dim))
+
+        def forward(self, x):
+            if hasattr(F, "rms_norm"):
+                return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+            xf = x.float()
+            y = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+            return (y * self.weight.float()).to(x.dtype)
+
+    def rotate_half(x):
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+    class Block(nn.Module):
+        """Pre-norm transformer block; attn_fn(q, k, v, causal) on (b, s, h, d) tensors."""
+
+        def __init__(self):
+            super().__init__()
+            c = cfg
+            self.h, self.hk, self.d = c["heads"], c["heads_kv"], c["hdim"]
+            self.causal = c["causal"]
+            self.attn_fn = attn_fn
+            hidden, inter = c["hidden"], c["intermediate"]
+            norm = (lambda: RMSNorm(hidden)) if c["norm"] == "rms" else (lambda: nn.LayerNorm(hidden))
+            self.norm1, self.norm2 = norm(), norm()
+            self.qkv = nn.Linear(hidden, (self.h + 2 * self.hk) * self.d, bias=c["qkv_bias"])
+            self.o_proj = nn.Linear(self.h * self.d, hidden, bias=c["mlp"] == "gelu")
+            self.mlp_kind = c["mlp"]
+            if c["mlp"] == "swiglu":
+                self.gate_up = nn.Linear(hidden, 2 * inter, bias=False)
+                self.down = nn.Linear(inter, hidden, bias=False)
+            else:
+                self.fc1 = nn.Linear(hidden, inter, bias=True)
+                self.fc2 = nn.Linear(inter, hidden, bias=True)
+            if c["rope"]:
+                inv = 1.0 / (c["rope_theta"] ** (torch.arange(0, self.d, 2).float() / self.d))
+                ang = torch.outer(torch.arange(seqlen).float(), inv)
+                emb = torch.cat((ang, ang), dim=-1)  # (s, d)
+                self.register_buffer("cos", emb.cos()[None, :, None, :], persistent=False)
+                self.register_buffer("sin", emb.sin()[None, :, None, :], persistent=False)
+            else:
+                self.cos = self.sin = None
+            self.contiguous_qkv = True
+
+        def rope(self, x):
+            s = x.shape[1]
+            return x * self.cos[:, :s] + rotate_half(x) * self.sin[:, :s]
+
+        def forward(self, x):
+            b, s, _ = x.shape
+            y = self.norm1(x)
+            qkv = self.qkv(y).view(b, s, self.h + 2 * self.hk, self.d)
+            q, k, v = qkv.split([self.h, self.hk, self.hk], dim=2)
+            if self.cos is not None:
+                q, k = self.rope(q), self.rope(k)
+            if self.contiguous_qkv:
+                q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+            a = self.attn_fn(q, k, v)
+            x = x + self.o_proj(a.reshape(b, s, self.h * self.d))
+            y = self.norm2(x)
+            if self.mlp_kind == "swiglu":
+                gate, up = self.gate_up(y).chunk(2, dim=-1)
+                y = self.down(F.silu(gate) * up)
+            else:
+                y = self.fc2(F.gelu(self.fc1(y), approximate="tanh"))
+            return x + y
+
+    torch.manual_seed(0)
+    with torch.device(device):  # initialise directly on the GPU (fast)
+        blk = Block()
+    blk = blk.to(dtype=dtype)
+    if blk.cos is not None:
+        blk.cos, blk.sin = blk.cos.to(dtype), blk.sin.to(dtype)
+    return blk
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog=PROG, description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", action="append", metavar="LIST",
+                   help=f"models (comma separated): {', '.join(MODELS)} "
+                        f"(default {','.join(DEFAULT_MODELS)})")
+    p.add_argument("--seqlen", action="append", metavar="LIST",
+                   help="sequence lengths (default 4k,8k,16k,32k)")
+    p.add_argument("--impl", action="append", metavar="LIST",
+                   help=f"attention implementations (default {','.join(BLOCK_IMPLS)}); any key "
+                        f"of bench_attn.py works ({', '.join(bc.IMPLS)})")
+    p.add_argument("--quick", action="store_true",
+                   help="llama3-8b at 8k only, --budget-s 40 unless given")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
+    p.add_argument("--iters", type=int, default=bc.DEFAULT_ITERS,
+                   help=f"timed iterations (>= {bc.MIN_ITERS})")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--sets", type=int, default=2, help="input sets rotated between calls")
+    p.add_argument("--repeats", type=int, default=bc.DEFAULT_REPEATS,
+                   help="steps compared bitwise (default 5)")
+    p.add_argument("--pad-us", type=float, default=1000.0)
+    p.add_argument("--sm-margin", type=int, default=0)
+    p.add_argument("--sdpa-gqa", choices=["repeat", "native"], default="repeat",
+                   help="how SDPA gets GQA: repeat_interleave k/v (default) or enable_gqa=True")
+    p.add_argument("--no-contiguous", action="store_true",
+                   help="pass q/k/v as views of the fused QKV output (default: .contiguous())")
+    p.add_argument("--budget-s", type=float, default=None)
+    p.add_argument("--row-timeout", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", metavar="PATH")
+    p.add_argument("--strict", action="store_true")
+    p.add_argument("--dry-run", action="store_true")
+    return p
+
+
+def plan(args):
+    models = bc.parse_list(args.model)
+    seqlens = bc.parse_list(args.seqlen, bc.parse_seqlen)
+    if args.quick:
+        models = models or QUICK_MODELS
+        seqlens = seqlens or QUICK_SEQLENS
+        if args.budget_s is None:
+            args.budget_s = 40.0
+    models = models or DEFAULT_MODELS
+    seqlens = seqlens or BLOCK_SEQLENS
+    for m in models:
+        if m not in MODELS:
+            raise SystemExit(f"{PROG}: unknown model {m!r}; known: {', '.join(MODELS)}")
+    if args.iters < bc.MIN_ITERS:
+        raise SystemExit(f"{PROG}: --iters must be >= {bc.MIN_ITERS}")
+    if args.sets < 1 or args.repeats < 2:
+        raise SystemExit(f"{PROG}: --sets >= 1 and --repeats >= 2 required")
+    try:
+        impls = bc.select_impls(args.impl, BLOCK_IMPLS)
+    except ValueError as e:
+        raise SystemExit(f"{PROG}: {e}")
+    # the SDPA row first: the others are compared with it
+    if REF_IMPL in impls:
+        impls = [REF_IMPL] + [i for i in impls if i != REF_IMPL]
+    return [(m, s) for m in models for s in seqlens], impls
+
+
+class BlockRunner:
+    def __init__(self, args, writer, watchdog, budget):
+        import torch
+        self.torch, self.args = torch, args
+        self.writer, self.watchdog, self.budget = writer, watchdog, budget
+        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        self.dev = bc.bench_device()
+        self.fatal = None
+        self.current = None
+        self.ref = None
+        self.shape_error = None
+
+    def make_shape(self, model, seqlen):
+        """Block (same weights for every implementation) and the rotated input sets."""
+        torch, args = self.torch, self.args
+        cfg = MODELS[model]
+        blk = build_block(cfg, None, seqlen, self.dev, self.dtype)
+        blk.contiguous_qkv = not args.no_contiguous
+        gen = torch.Generator(device=self.dev).manual_seed(args.seed)
+        shape = (args.batch, seqlen, cfg["hidden"])
+        xs = []
+        for _ in range(args.sets):
+            x = torch.randn(shape, generator=gen, device=self.dev, dtype=self.dtype)
+            do = torch.randn(shape, generator=gen, device=self.dev, dtype=self.dtype)
+            xs.append((x.requires_grad_(True), do))
+        return blk, xs
+
+    def run_row(self, model, seqlen, impl, ref, blk, xs):
+        torch, args = self.torch, self.args
+        cfg = MODELS[model]
+        row = impl.describe()
+        row.update(model=model, seqlen=seqlen, batch=args.batch, dtype=args.dtype,
+                   heads=cfg["heads"], heads_kv=cfg["heads_kv"], hdim=cfg["hdim"],
+                   hidden=cfg["hidden"], intermediate=cfg["intermediate"],
+                   mask="causal" if cfg["causal"] else "full", causal=cfg["causal"],
+                   status="ok", reason=None, stage=None, fwd=None, step=None, bwd_ms_est=None,
+                   bitwise_repeat=None, n_repeats=None, nonbitwise=None,
+                   out_max_abs_diff_vs_ref=None, dx_max_abs_diff_vs_ref=None, ref_impl=None,
+                   schedule_used=None, wall_s=None)
+        self.current = row
+        if self.fatal:
+            row.update(status="skipped", reason=f"aborted: {self.fatal}")
+            return row
+        if blk is None:
+            row.update(status="oom" if "memory" in self.shape_error.lower() else "error",
+                       reason=self.shape_error, stage="build")
+            return row
+        if self.budget.exceeded(ours=impl.family == "dash"):
+            row.update(status="skipped", reason=self.budget.reason(ours=impl.family == "dash"))
+            return row
+        if not impl.applies_to(row["mask"]):
+            row.update(status="skipped", reason=f"schedule {impl.schedule} is for "
+                       f"{'/'.join(impl.masks)} masks")
+            return row
+        try:
+            afn = bc.make_attn_fn(impl, cfg["causal"], sm_margin=args.sm_margin,
+                                  gqa=args.sdpa_gqa)
+        except bc.ImplUnavailable as e:
+            row.update(status="skipped", reason=str(e))
+            return row
+        ctx = (lambda: bc.torch_deterministic(True)) if impl.torch_deterministic else (
+            lambda: _NULL)
+        fl = bc.block_flops(cfg, args.batch, seqlen)
+        t0 = time.monotonic()
+        self.watchdog.arm(f"{model} s={seqlen} {impl.key}")
+        stage = "first_call"
+        first = g = out0 = None
+        failed = False
+        blk.attn_fn = afn
+        params = [p for _, p in blk.named_parameters()]
+        names = ["x"] + [n for n, _ in blk.named_parameters()]
+        n = len(xs)
+        try:
+
+            def fwd(i):
+                with ctx():
+                    blk(xs[i % n][0])
+
+            def step(i):
+                x, do = xs[i % n]
+                with ctx():
+                    out = blk(x)
+                    return out, torch.autograd.grad(out, [x] + params, do)
+
+            out0, first = step(0)
+            bc.sync()
+            if ref is not None and ref.get("model") == model and ref.get("seqlen") == seqlen:
+                row["ref_impl"] = ref["impl"]
+                row["out_max_abs_diff_vs_ref"] = (out0.float() - ref["out"].float()).abs().max().item()
+                row["dx_max_abs_diff_vs_ref"] = (first[0].float() - ref["dx"].float()).abs().max().item()
+            elif impl.key == REF_IMPL:
+                ref_new = dict(model=model, seqlen=seqlen, impl=impl.key, out=out0.detach(),
+                               dx=first[0].detach())
+                self.ref = ref_new
+            out0 = None
+
+            stage = "repeat"
+            equal, diff = True, set()
+            for _ in range(args.repeats - 1):
+                _, g = step(0)
+                for nm, a, b in zip(names, g, first):
+                    if not torch.equal(a, b):
+                        equal = False
+                        diff.add(nm)
+                g = None
+            first = None
+            row.update(bitwise_repeat=equal, n_repeats=args.repeats,
+                       nonbitwise=sorted(diff)[:12] or None)
+
+            stage = "fwd"
+            ts = bc.time_cuda(fwd, args.iters, args.warmup, args.pad_us)
+            row["fwd"] = bc.summarize_ms(ts)
+            row["fwd"].update(flops=fl["fwd"], tflops=bc.tflops(fl["fwd"], row["fwd"]["ms"]))
+            stage = "step"
+            ts = bc.time_cuda(lambda i: step(i), args.iters, args.warmup, args.pad_us)
+            row["step"] = bc.summarize_ms(ts)
+            row["step"].update(flops=fl["step"], tflops=bc.tflops(fl["step"], row["step"]["ms"]),
+                               tokens_per_s=args.batch * seqlen / (row["step"]["ms"] * 1e-3))
+            row["bwd_ms_est"] = row["step"]["ms"] - row["fwd"]["ms"]
+            stage = "schedule_used"
+            h, hk, d = cfg["heads"], cfg["heads_kv"], cfg["hdim"]
+            if impl.family == "dash":
+                q = torch.empty(args.batch, seqlen, h, d, device=self.dev, dtype=self.dtype)
+                kv = torch.empty(args.batch, seqlen, hk, d, device=self.dev, dtype=self.dtype)
+                row["schedule_used"] = bc.schedule_used(impl, q, kv, kv, cfg["causal"],
+                                                        args.sm_margin)
+                q = kv = None
+            stage = None
+        except Exception as e:  # noqa: BLE001
+            failed = True
+            if impl.family == "dash" and isinstance(e, ValueError):
+                row.update(status="skipped", reason=f"ValueError at {stage}: {e}", stage=stage)
+            else:
+                row.update(status="oom" if bc.is_oom(e) else "error",
+                           reason=f"{type(e).__name__}: {e}"[:1000], stage=stage,
+                           traceback=bc.short_tb(e))
+        finally:
+            self.watchdog.disarm()
+            row["wall_s"] = round(time.monotonic() - t0, 2)
+        blk.attn_fn = None
+        first = g = out0 = None  # noqa: F841
+        bc.free_cuda()
+        if failed:
+            bad = bc.cuda_healthy()
+            if bad:
+                self.fatal = f"CUDA context unusable after {model} s={seqlen} {impl.key}: {bad}"
+                row["reason"] = (row["reason"] or "") + f" | {self.fatal}"
+        return row
+
+    def run(self, shapes, impls):
+        total = len(shapes) * len(impls)
+        idx = 0
+        for model, seqlen in shapes:
+            self.ref = None
+            blk = xs = None
+            if not self.fatal:
+                try:
+                    blk, xs = self.make_shape(model, seqlen)
+                except Exception as e:  # noqa: BLE001
+                    self.shape_error = f"block/input creation failed: {type(e).__name__}: {e}"[:500]
+                    blk = xs = None
+                    bc.free_cuda()
+            for key in impls:
+                idx += 1
+                row = self.run_row(model, seqlen, bc.IMPLS[key], self.ref, blk, xs)
+                self.current = None
+                self.writer.add(bc.clean_floats(row))
+                bc.log(progress_line(row, idx, total))
+                if row["status"] in ("error", "oom") and row.get("reason"):
+                    bc.log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
+            self.ref = None
+            blk = xs = None
+            bc.free_cuda()
+
+
+_NULL = __import__("contextlib").nullcontext()
+
+
+def progress_line(row, idx, total):
+    def t(p):
+        x = row.get(p)
+        return f"{x['ms']:9.2f} ms" if x else f"{'-':>12}"
+    bw = {True: "yes", False: "NO", None: "-"}[row.get("bitwise_repeat")]
+    extra = "" if row["status"] == "ok" else f"  [{row['status']}: {(row.get('reason') or '')[:90]}]"
+    if row.get("nonbitwise"):
+        extra += f"  differs: {','.join(row['nonbitwise'][:4])}"
+    if row.get("out_max_abs_diff_vs_ref") is not None:
+        extra += (f"  |out-ref|={row['out_max_abs_diff_vs_ref']:.2e}"
+                  f" |dx-ref|={row['dx_max_abs_diff_vs_ref']:.2e}")
+    return (f"[{idx:3d}/{total}] {row['model']:<11} {bc.seqlen_label(row['seqlen']):>3} "
+            f"{row['label']:<22} fwd {t('fwd')}  step {t('step')}  bitwise={bw}{extra}")
+
+
+def summary_text(rows):
+    parts = ["", "Summary: step (fwd+bwd) ms; * = all gradients bit-identical over repeats; "
+                 "in brackets: step time relative to the first implementation"]
+    models = []
+    for r in rows:
+        if r["model"] not in models:
+            models.append(r["model"])
+    for m in models:
+        rs = [r for r in rows if r["model"] == m]
+        seqlens = sorted({r["seqlen"] for r in rs})
+        impls = []
+        for r in rs:
+            if r["impl"] not in impls:
+                impls.append(r["impl"])
+        cell = {(r["impl"], r["seqlen"]): r for r in rs}
+        body = []
+        for i in impls:
+            line = [next(r["label"] for r in rs if r["impl"] == i)]
+            for s in seqlens:
+                r = cell.get((i, s))
+                base = cell.get((impls[0], s))
+                if r is None or not r.get("step"):
+                    line.append(bc.status_cell(r) if r else "")
+                    continue
+                txt = f"{r['step']['ms']:.1f}{'*' if r.get('bitwise_repeat') else ''}"
+                if base and base.get("step") and base is not r:
+                    txt += f" ({r['step']['ms'] / base['step']['ms']:.3f})"
+                line.append(txt)
+            body.append(line)
+        parts += ["", bc.text_table([m] + [bc.seqlen_label(s) for s in seqlens], body)]
+    bad = [r for r in rows if r["status"] != "ok"]
+    if bad:
+        parts += ["", "Not measured:"]
+        for r in bad:
+            parts.append(f"  {r['model']} {bc.seqlen_label(r['seqlen'])} {r['impl']}: "
+                         f"{r['status']}{' at ' + r['stage'] if r.get('stage') else ''}: "
+                         f"{(r.get('reason') or '')[:160]}")
+    return "\n".join(parts)
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    shapes, impls = plan(args)
+    if args.dry_run:
+        print(f"{len(shapes)} shapes x {len(impls)} implementations = "
+              f"{len(shapes) * len(impls)} rows; implementations: {', '.join(impls)}")
+        for m, s in shapes:
+            fl = bc.block_flops(MODELS[m], args.batch, s)
+            print(f"  {m:<11} s={bc.seqlen_label(s):>3}  {MODELS[m]}  "
+                  f"step {fl['step'] / 1e12:.1f} TFLOP ({100 * 3.5 * fl['attn_fwd'] / fl['step']:.0f}% attention)")
+        return 0
+    bc.require_cuda(PROG)
+    meta = bc.collect_metadata(sys.argv if argv is None else [PROG] + list(argv))
+    config = dict(vars(args))
+    config.update(models={m: MODELS[m] for m, _ in shapes}, shapes=shapes, impls=impls,
+                  timing="CUDA events per call, median; fwd = block(x); step = block(x) + "
+                         "torch.autograd.grad(out, [x]+weights, dout); bwd_ms_est = step - fwd",
+                  flops="matmul FLOPs: linears 2*tokens*params (bwd 2x), attention 4*b*h*s^2*d "
+                        "(halved for causal, bwd 2.5x)")
+    writer = bc.ResultWriter(args.json, "block", meta, config)
+    bc.log(f"{PROG}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, "
+           f"CUDA {meta.get('cuda')}, commit {(meta.get('git_commit') or '?')[:12]}; "
+           f"flash_attn_dash kernels={meta.get('flash_attn_dash_kernels')}")
+    budget = bc.Budget(args.budget_s)
+    runner = None
+
+    def on_timeout(label):
+        r = dict(runner.current) if runner and runner.current else dict(model="?", seqlen=0,
+                                                                         impl="?")
+        r.update(status="timeout", reason=f"watchdog: row exceeded {args.row_timeout:.0f}s")
+        writer.add(bc.clean_floats(r))
+        writer.finish(False, f"watchdog timeout in {label}")
+        print(summary_text(writer.rows), flush=True)
+
+    watchdog = bc.Watchdog(args.row_timeout, on_timeout)
+    runner = BlockRunner(args, writer, watchdog, budget)
+    try:
+        runner.run(shapes, impls)
+    except KeyboardInterrupt:
+        writer.finish(False, "interrupted")
+        print(summary_text(writer.rows))
+        return 1
+    watchdog.stop()
+    writer.finish(runner.fatal is None, runner.fatal)
+    print(summary_text(writer.rows))
+    bc.log(f"\nwall time {budget.elapsed():.0f}s" + (f"; JSON: {args.json}" if args.json else ""))
+    if runner.fatal:
+        bc.log(f"ABORTED: {runner.fatal}")
+        return 3
+    if args.strict and any(r["status"] in ("error", "oom", "timeout") or (
+            r.get("deterministic") and r.get("bitwise_repeat") is False) for r in writer.rows):
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
