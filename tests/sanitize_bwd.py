@@ -4,7 +4,7 @@
 """
 import torch
 
-import flash_attn_dash  # noqa: F401  (registers the ops)
+import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 from flash_attn_dash.reference import attention_ref
 
 
@@ -22,8 +22,9 @@ def main():
                         do = torch.randn_like(q)
                         with torch.no_grad():
                             o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal)
-                        torch.ops.flash_attn_dash.bwd(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), None, None,
-                                                      None, d ** -0.5, causal, det, sched, 0)
+                        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                        torch.ops.flash_attn_dash.bwd_out(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk,
+                                                          dv, None, d ** -0.5, causal, det, sched, 0)
                         torch.cuda.synchronize()
                         print(f"ok d={d} causal={causal} det={det} sched={sched} h={h} hk={hk}")
 

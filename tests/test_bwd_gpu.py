@@ -58,16 +58,24 @@ def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
     return q, k, v, dout, out32.to(dtype).contiguous(), lse.float().contiguous()
 
 
-def _bwd(dout, q, k, v, out, lse, causal, deterministic, schedule, sm_margin=0, poison=True):
-    import flash_attn_dash  # noqa: F401  (registers the ops)
+def _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, schedule, sm_margin=0, trace=None):
+    """Low-level backward writing into dq/dk/dv (and the dQ arrival-order trace if given)."""
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
+    torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, trace, q.shape[-1] ** -0.5, causal,
+                                      deterministic, schedule, sm_margin)
+    return dq, dk, dv
+
+
+def _bwd(dout, q, k, v, out, lse, causal, deterministic, schedule, sm_margin=0, poison=True, trace=None):
     fill = float("nan") if poison else 0.0
-    dq = torch.full_like(q, fill)
-    dk = torch.full_like(k, fill)
-    dv = torch.full_like(v, fill)
-    scale = q.shape[-1] ** -0.5
-    return torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, causal, deterministic,
-                                         schedule, sm_margin)
+    dq, dk, dv = (torch.full_like(x, fill) for x in (q, k, v))
+    return _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, schedule, sm_margin, trace)
+
+
+def _trace_buffer(b, h, sq, sk, d):
+    bm, bn = _blocks(d)
+    return torch.full((b, h, -(-sq // bm), -(-sk // bn)), -1, dtype=torch.int32, device="cuda")
 
 
 def _ref_grads(q, k, v, dout, causal, upcast):
@@ -179,15 +187,14 @@ def test_bwd_deterministic_cuda_graph(schedule):
     s = SCHEDULES[schedule]
     first = _bits(_bwd(dout, q, k, v, out, lse, True, True, s, poison=False))
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
-    scale = q.shape[-1] ** -0.5
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on the capture stream
-        torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, True, True, s, 0)
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, True, True, s)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, dq, dk, dv, scale, True, True, s, 0)
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, True, True, s)
     for i in range(50):
         for x in (dq, dk, dv):
             x.fill_(float("nan"))
@@ -228,9 +235,8 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
     from flash_attn_dash.schedule import build_plan
 
     q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, torch.bfloat16, causal)
-    scale = d ** -0.5
-    _, _, _, trace = torch.ops.flash_attn_dash.bwd_trace(dout, q, k, v, out, lse, scale, causal, True,
-                                                         SCHEDULES[schedule], margin)
+    trace = _trace_buffer(b, h, sq, sk, d)
+    _bwd(dout, q, k, v, out, lse, causal, True, SCHEDULES[schedule], sm_margin=margin, trace=trace)
     _wait()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
@@ -248,7 +254,8 @@ def test_bwd_nondeterministic_trace_is_a_permutation():
     import flash_attn_dash  # noqa: F401
 
     q, k, v, dout, out, lse = _inputs(2, 1024, 1500, 3, 3, 128, torch.bfloat16, True)
-    _, _, _, trace = torch.ops.flash_attn_dash.bwd_trace(dout, q, k, v, out, lse, 128 ** -0.5, True, False, 0, 0)
+    trace = _trace_buffer(2, 3, 1024, 1500, 128)
+    _bwd(dout, q, k, v, out, lse, True, False, 0, trace=trace)
     _wait()
     t = trace.cpu().numpy()
     bm, bn = _blocks(128)
