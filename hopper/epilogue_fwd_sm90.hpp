@@ -46,34 +46,58 @@ struct FwdEpilogueSm90 {
 
         Tensor rO = make_tensor_like<Element>(tOrO);
         convert_fragment(tOrO, rO);
-        Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
+        if constexpr (!Traits::kStagedO) {
+            // Straight from registers: columns (c, c+1) of a row are adjacent in the fragment and in
+            // memory (c even), so each thread writes 4-byte pairs. Rows >= seqlen_q are skipped.
+            Tensor rO_rc = make_rowcol_view(rO);
+            Element* base = p.o_ptr + int64_t(tile.batch) * p.o_batch_stride + int64_t(tile.head) * p.o_head_stride;
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kNRows; ++r) {
+                int const row = tile.m_block * kBlockM + int(get<0>(tOcO_rc(r, 0)));
+                if (row < p.seqlen_q) {
+                    Element* dst_row = base + int64_t(row) * p.o_row_stride;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int c = 0; c < size<1>(rO_rc); c += 2) {
+                        int const col = int(get<1>(tOcO_rc(r, c)));
+                        cutlass::Array<Element, 2> pair;
+                        pair[0] = rO_rc(r, c);
+                        pair[1] = rO_rc(r, c + 1);
+                        *reinterpret_cast<cutlass::Array<Element, 2>*>(dst_row + col) = pair;
+                    }
+                }
+            }
+        } else {
+            Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
 
-        // The previous tile's TMA store must have finished reading sO (the issuing thread waits).
-        if (tid == 0) { tma_store_wait<0>(); }
-        named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemFree);
+            // The previous tile's TMA store must have finished reading sO (the issuing thread waits).
+            if (tid == 0) { tma_store_wait<0>(); }
+            named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemFree);
 
-        auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-        auto smem_thr_copy_O = smem_copy_O.get_thread_slice(tid);
-        Tensor taccOrO = smem_thr_copy_O.retile_S(rO);
-        Tensor taccOsO = smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO));
-        copy(smem_copy_O, taccOrO, taccOsO);
-        cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> async-proxy (TMA) reads
-        named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemReady);
+            auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+            auto smem_thr_copy_O = smem_copy_O.get_thread_slice(tid);
+            Tensor taccOrO = smem_thr_copy_O.retile_S(rO);
+            Tensor taccOsO = smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO));
+            copy(smem_copy_O, taccOrO, taccOsO);
+            cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> async-proxy (TMA) reads
+            named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemReady);
 
-        if (tid == 0) {
-            Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
-            Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                                   make_coord(tile.m_block, _0{}));
-            auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
-                                              group_modes<0, 2>(gO));
-            copy(p.tma_o, tOsO, tOgO);
-            tma_store_arrive();
+            if (tid == 0) {
+                Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
+                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
+                                       make_coord(tile.m_block, _0{}));
+                auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                                  group_modes<0, 2>(gO));
+                copy(p.tma_o, tOsO, tOgO);
+                tma_store_arrive();
+            }
         }
     }
 
     // Before the CTA exits: the outstanding store must have read smem.
     CUTE_DEVICE static void finish(int tid) {
-        if (tid == 0) { cute::tma_store_wait<0>(); }
+        if constexpr (Traits::kStagedO) {
+            if (tid == 0) { cute::tma_store_wait<0>(); }
+        }
     }
 };
 

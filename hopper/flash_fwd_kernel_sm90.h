@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         Tensor tO_rc = make_rowcol_view(tOrO);
         constexpr int kNRows = decltype(size<0>(tO_rc))::value;
-        OnlineSoftmax<kNRows> softmax(params.scale_log2);
+        OnlineSoftmax<kNRows, Traits::kExp2EmuPer8> softmax(params.scale_log2);
         typename Mainloop::StateQ st_q;
         typename Mainloop::StateKV st_k, st_v;
         Mainloop::scheduler_init(tid / 128);

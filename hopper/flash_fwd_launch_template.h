@@ -18,24 +18,95 @@
 
 namespace flash_dash {
 
-// Tile configuration per head dim: kBlockM x kBlockN, K/V stages. 128 x 128 uses only base
-// GMMA shapes (no CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED), 2 consumer warpgroups of 64 rows.
-template <int kHeadDim>
+// ---------------------------------------------------------------------------------------------
+// Compile-time variant knobs (all default to the production configuration). Set them with
+// NVCC_APPEND_FLAGS='-DNAME=VALUE ...' when building; each applies to every forward TU.
+//   FLASH_DASH_FWD_HDIM{64,128}_BLOCK_M    query rows per tile: 128 (2 consumer WGs, 240 regs)
+//                                          or 192 (3 consumer WGs, 160 regs)
+//   FLASH_DASH_FWD_HDIM{64,128}_BLOCK_N    keys per K/V block; not a base GMMA N (64/96/128/192/256)
+//                                          -> the instantiation TU turns on the extended shapes
+//   FLASH_DASH_FWD_HDIM{64,128}_STAGES     K/V smem stages
+//   FLASH_DASH_FWD_HDIM{64,128}_Q_STAGES   1 or 2 (2: next tile's Q prefetched during this tile)
+//   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES}
+//                                          the same for causal calls (default: the non-causal value;
+//                                          a different value instantiates a second kernel)
+//   FLASH_DASH_FWD_RESCALE_SKIP=1          skip O *= exp2(m_old - m_new) when no row of the warp
+//                                          changed its max (bitwise identical results)
+//   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
+//   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
+//                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
+// ---------------------------------------------------------------------------------------------
+#ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
+#define FLASH_DASH_FWD_HDIM64_BLOCK_M 128
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_BLOCK_N
+#define FLASH_DASH_FWD_HDIM64_BLOCK_N 128
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_STAGES
+#define FLASH_DASH_FWD_HDIM64_STAGES 3
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_Q_STAGES
+#define FLASH_DASH_FWD_HDIM64_Q_STAGES 1
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_BLOCK_M
+#define FLASH_DASH_FWD_HDIM128_BLOCK_M 128
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_BLOCK_N
+#define FLASH_DASH_FWD_HDIM128_BLOCK_N 128
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_STAGES
+#define FLASH_DASH_FWD_HDIM128_STAGES 2
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_Q_STAGES
+#define FLASH_DASH_FWD_HDIM128_Q_STAGES 1
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M
+#define FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M FLASH_DASH_FWD_HDIM64_BLOCK_M
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_N
+#define FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_N FLASH_DASH_FWD_HDIM64_BLOCK_N
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_STAGES
+#define FLASH_DASH_FWD_HDIM64_CAUSAL_STAGES FLASH_DASH_FWD_HDIM64_STAGES
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES
+#define FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES FLASH_DASH_FWD_HDIM64_Q_STAGES
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_M
+#define FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_M FLASH_DASH_FWD_HDIM128_BLOCK_M
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_N
+#define FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_N FLASH_DASH_FWD_HDIM128_BLOCK_N
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES
+#define FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES FLASH_DASH_FWD_HDIM128_STAGES
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES
+#define FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES FLASH_DASH_FWD_HDIM128_Q_STAGES
+#endif
+
+// Tile configuration per head dim and mask: kBlockM x kBlockN, K/V stages, Q stages. The default
+// 128 x 128 uses only base GMMA shapes, 2 consumer warpgroups of 64 rows.
+template <int kHeadDim, bool kCausal>
 struct FwdTileConfig {
-    static constexpr int kBlockM = 128;
-    static constexpr int kBlockN = kHeadDim <= 128 ? 128 : 64;
-    static constexpr int kStages = kHeadDim <= 64 ? 3 : 2;
+    static constexpr bool k64 = kHeadDim <= 64;
+    static constexpr int kBlockM = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M : FLASH_DASH_FWD_HDIM64_BLOCK_M)
+                                       : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_M : FLASH_DASH_FWD_HDIM128_BLOCK_M);
+    static constexpr int kBlockN = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_N : FLASH_DASH_FWD_HDIM64_BLOCK_N)
+                                       : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_N : FLASH_DASH_FWD_HDIM128_BLOCK_N);
+    static constexpr int kStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM64_STAGES)
+                                       : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM128_STAGES);
+    static constexpr int kQStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM64_Q_STAGES)
+                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM128_Q_STAGES);
+    static_assert(kHeadDim <= 128, "tile knobs cover head dims up to 128");
 };
 
-template <typename Tag, int kHeadDim>
-void run_fwd(FwdParams const& p, cudaStream_t stream) {
+template <class Traits>
+void launch_fwd(FwdParams const& p, cudaStream_t stream) {
     using namespace cute;
-    using Element = typename ElementOf<Tag>::type;
-    using Cfg = FwdTileConfig<kHeadDim>;
-    using Traits = FwdKernelTraits<kHeadDim, Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Element>;
+    using Element = typename Traits::Element;
     using GmemLayoutT = typename Traits::GmemLayoutT;
-
-    if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
+    constexpr int kHeadDim = Traits::kHeadDim;
 
     auto gmem_layout = [](int seqlen, int heads, int batch, TensorStrides const& s) {
         return make_layout(make_shape(int32_t(seqlen), int32_t(kHeadDim), int32_t(heads), int32_t(batch)),
@@ -49,7 +120,7 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
     GmemLayoutT const lo = gmem_layout(p.seqlen_q, p.num_heads, p.batch, p.o_stride);
 
     typename Traits::Params kp{
-        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQ, Traits::kBlockM>(
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQStage, Traits::kBlockM>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.q), lq),
         Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.k), lk),
@@ -68,6 +139,10 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
         p.softmax_scale,
         float(double(p.softmax_scale) * 1.4426950408889634),  // log2(e)
         p.is_causal,
+        static_cast<Element*>(p.out),
+        int64_t(p.o_stride.row),
+        int64_t(p.o_stride.head),
+        int64_t(p.o_stride.batch),
     };
 
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
@@ -84,6 +159,23 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
     // Per device context; cheap, so set on every call (multi-GPU safe).
     cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
     kernel<<<grid, Traits::kNumThreads, smem_bytes, stream>>>(kp);
+}
+
+template <typename Tag, int kHeadDim>
+void run_fwd(FwdParams const& p, cudaStream_t stream) {
+    using Element = typename ElementOf<Tag>::type;
+    using CfgF = FwdTileConfig<kHeadDim, false>;
+    using CfgC = FwdTileConfig<kHeadDim, true>;
+    using TraitsF = FwdKernelTraits<kHeadDim, CfgF::kBlockM, CfgF::kBlockN, CfgF::kStages, Element, CfgF::kQStages>;
+    using TraitsC = FwdKernelTraits<kHeadDim, CfgC::kBlockM, CfgC::kBlockN, CfgC::kStages, Element, CfgC::kQStages>;
+
+    if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
+    // Identical configurations are one instantiation (same Traits type).
+    if (p.is_causal) {
+        launch_fwd<TraitsC>(p, stream);
+    } else {
+        launch_fwd<TraitsF>(p, stream);
+    }
 }
 
 }  // namespace flash_dash

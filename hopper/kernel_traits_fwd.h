@@ -10,27 +10,45 @@
 
 #include "utils.hpp"
 
+#ifndef FLASH_DASH_FWD_HDIM64_EXP2_EMU
+#define FLASH_DASH_FWD_HDIM64_EXP2_EMU 0
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_EXP2_EMU
+#define FLASH_DASH_FWD_HDIM128_EXP2_EMU 0
+#endif
+
 namespace flash_dash {
 
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_>
+// kQStages: Q smem buffers. 1 = the producer loads the next tile's Q only after the consumers
+// released the current one; 2 = the next Q (and so the next tile's first K/V) is loaded while the
+// current tile still runs.
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, int kQStages_ = 1>
 struct FwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
+    static constexpr int kQStages = kQStages_;
+    static_assert(kQStages == 1 || kQStages == 2);
 
     // Warp roles: warpgroup 0 = producer (one thread issues TMA), warpgroups 1.. = consumers,
     // each owning 64 query rows of the kBlockM tile.
     static constexpr int kNumMmaWarpGroups = kBlockM / 64;
     static constexpr int kNumMmaThreads = kNumMmaWarpGroups * 128;
     static constexpr int kNumThreads = kNumMmaThreads + 128;
-    static_assert(kBlockM % 64 == 0 && kNumMmaWarpGroups == 2, "register budget assumes 2 consumer WGs");
-    static constexpr uint32_t kProducerRegs = 24;
-    static constexpr uint32_t kConsumerRegs = 240;
-    // Inter-warpgroup ping-pong (FA3's scheduler barrier): the consumer WGs take turns issuing
-    // their GEMMs, so one WG's softmax overlaps the other WG's tensor-core work.
+    static_assert(kBlockM % 64 == 0 && (kNumMmaWarpGroups == 2 || kNumMmaWarpGroups == 3),
+                  "register budget assumes 2 or 3 consumer WGs");
+    // setmaxnreg budget: sum over warpgroups <= 512 per thread slot (64K registers / 128).
+    static constexpr uint32_t kProducerRegs = kNumMmaWarpGroups == 2 ? 24 : 32;
+    static constexpr uint32_t kConsumerRegs = kNumMmaWarpGroups == 2 ? 240 : 160;
+    static_assert(kProducerRegs + kNumMmaWarpGroups * kConsumerRegs <= 512);
+    // Inter-warpgroup round robin (FA3's scheduler barrier): the consumer WGs take turns issuing
+    // their GEMMs (0, 1, [2,] 0, ...), so one WG's softmax overlaps the other WGs' tensor-core work.
     static constexpr bool kUseSchedulerBarrier = true;
+    // Softmax exponentials taken on the FMA pipe, per 8 columns (OnlineSoftmax's kEmuPer8).
+    static constexpr int kExp2EmuPer8 = kHeadDim <= 64 ? FLASH_DASH_FWD_HDIM64_EXP2_EMU : FLASH_DASH_FWD_HDIM128_EXP2_EMU;
+    static_assert(kExp2EmuPer8 >= 0 && kExp2EmuPer8 <= 8);
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;
@@ -45,10 +63,17 @@ struct FwdKernelTraits {
                                    cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
                                    cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
         AtomLayoutMNK{}));
+    // ss_op_selector silently falls back to a narrower atom when kBlockN is not a base GMMA N
+    // (e.g. 176 without CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED): refuse that.
+    static_assert(decltype(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == kBlockN,
+                  "kBlockN needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED in this translation unit");
 
     using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
-    using SmemLayoutQ = decltype(cute::tile_to_shape(
+    // One Q stage (TMA box, and the O staging tile) and the staged Q buffer (M, d, kQStages).
+    using SmemLayoutQStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
+    using SmemLayoutQ = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kQStages>>{}));
     using SmemLayoutKVStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
     using SmemLayoutKV = decltype(cute::tile_to_shape(
@@ -58,20 +83,25 @@ struct FwdKernelTraits {
         SmemLayoutKV{},
         cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
-    using SmemLayoutO = SmemLayoutQ;
+    using SmemLayoutO = SmemLayoutQStage;
 
-    using PipelineQ = cutlass::PipelineTmaAsync<1>;
+    using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
     using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
 
-    struct SharedStorage {
+    // O is staged through smem for a TMA store when that fits next to Q and K/V; otherwise (e.g.
+    // 128 x 176 at hdim 128) the epilogue stores O straight from registers.
+    template <bool kStaged>
+    struct SharedStorageT {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_k;
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_v;
-        cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024> smem_o;
+        cute::array_aligned<Element, kStaged ? cute::cosize_v<SmemLayoutO> : 8, kStaged ? 1024 : 16> smem_o;
         typename PipelineQ::SharedStorage pipeline_q;
         typename PipelineKV::SharedStorage pipeline_k;
         typename PipelineKV::SharedStorage pipeline_v;
     };
+    static constexpr bool kStagedO = sizeof(SharedStorageT<true>) <= 232448;
+    using SharedStorage = SharedStorageT<kStagedO>;
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(kSmemBytes <= 232448, "exceeds the sm90 227 KB opt-in smem limit");
 
@@ -88,7 +118,7 @@ struct FwdKernelTraits {
         return cute::make_tma_copy(op, cute::make_tensor(cute::make_gmem_ptr(ptr), layout), SmemLayout{},
                                    cute::Shape<cute::Int<kRows>, cute::Int<kHeadDim>>{}, cute::_1{});
     }
-    using TmaQ = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutQ, kBlockM>(
+    using TmaQ = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutQStage, kBlockM>(
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
     using TmaKV = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutKVStage, kBlockN>(
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
@@ -105,6 +135,9 @@ struct FwdKernelTraits {
         int num_m_blocks;
         float softmax_scale, scale_log2;
         bool is_causal;
+        // Direct (unstaged) O store only: the output tensor and its element strides.
+        Element* o_ptr;
+        int64_t o_row_stride, o_head_stride, o_batch_stride;
     };
 };
 

@@ -27,13 +27,17 @@ struct FwdMainloopSm90 {
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kHeadDim = Traits::kHeadDim;
 
-    // Ping-pong between the 2 consumer warpgroups (wg = 0, 1). Every sync is matched by exactly one
-    // arrive of the other WG: both WGs work on the same tile, so they make the same number of
-    // sync/arrive pairs (n_max + 1 per tile). WG 1 pre-arrives once so WG 0 goes first; its last
-    // arrive is left pending when the CTA exits.
+    // Round robin between the kNumWG consumer warpgroups (wg = 0 .. kNumWG-1): WG c syncs on
+    // barrier c before issuing its GEMMs and then arrives on barrier c+1 (mod kNumWG), so the token
+    // goes 0, 1, [2,] 0, ... Every sync is matched by exactly one arrive of the previous WG: all WGs
+    // work on the same tile, so they make the same number of sync/arrive pairs (n_max + 1 per
+    // tile). WG kNumWG-1 pre-arrives once on barrier 0 so WG 0 goes first; its last arrive is left
+    // pending when the CTA exits. A WG cannot arrive twice on a barrier before its owner synced:
+    // its next arrive needs its own next sync, which needs the token to go round once.
+    static constexpr int kNumWG = Traits::kNumMmaWarpGroups;
     CUTE_DEVICE static void scheduler_init(int wg) {
         if constexpr (Traits::kUseSchedulerBarrier) {
-            if (wg == 1) {
+            if (wg == kNumWG - 1) {
                 named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0));
             }
         }
@@ -45,9 +49,19 @@ struct FwdMainloopSm90 {
     }
     CUTE_DEVICE static void scheduler_arrive(int wg) {
         if constexpr (Traits::kUseSchedulerBarrier) {
-            named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + (1 - wg));
+            int const next = wg + 1 == kNumWG ? 0 : wg + 1;
+            named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + next);
         }
     }
+
+#if defined(FLASH_DASH_FWD_TMA_HINTS) && FLASH_DASH_FWD_TMA_HINTS
+    // K/V blocks are re-read by every m-block of the same (b, h_k): keep them; Q is read once.
+    static constexpr auto kHintQ = cute::TMA::CacheHintSm90::EVICT_FIRST;
+    static constexpr auto kHintKV = cute::TMA::CacheHintSm90::EVICT_LAST;
+#else
+    static constexpr auto kHintQ = cute::TMA::CacheHintSm90::EVICT_NORMAL;
+    static constexpr auto kHintKV = cute::TMA::CacheHintSm90::EVICT_NORMAL;
+#endif
 
     // Number of K/V blocks the m-block visits: blocks [0, n_max). 0 means no row sees a key.
     // Causal is aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q.
@@ -74,6 +88,9 @@ struct FwdMainloopSm90 {
         Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
         Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
 
+        // Locals: .with() binds the hint by reference, which device code cannot do to a static member.
+        cute::TMA::CacheHintSm90 const hint_q = kHintQ;
+        cute::TMA::CacheHintSm90 const hint_kv = kHintKV;
         StateQ st_q = cutlass::make_producer_start_state<PipelineQ>();
         StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
         StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
@@ -98,22 +115,22 @@ struct FwdMainloopSm90 {
                                               group_modes<0, 2>(gV));
 
             pipe_q.producer_acquire(st_q);
-            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q)), tQgQ, tQsQ);
+            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q), 0, hint_q), tQgQ, tQsQ(_, st_q.index()));
             ++st_q;
 
             int n = n_max - 1;
             pipe_k.producer_acquire(st_k);
-            copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k)), tKgK(_, n), tKsK(_, st_k.index()));
+            copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n), tKsK(_, st_k.index()));
             ++st_k;
             for (; n >= 0; --n) {
                 if (n > 0) {
                     pipe_k.producer_acquire(st_k);
-                    copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k)), tKgK(_, n - 1),
+                    copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n - 1),
                          tKsK(_, st_k.index()));
                     ++st_k;
                 }
                 pipe_v.producer_acquire(st_v);
-                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v)), tVgV(_, n), tVsV(_, st_v.index()));
+                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
                 ++st_v;
             }
         }
@@ -136,7 +153,7 @@ struct FwdMainloopSm90 {
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
         Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
         Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
-        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);   // (MMA, MMA_M, MMA_K)
+        Tensor tSrQs = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, q_stages)
         Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
         Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
 
@@ -178,6 +195,7 @@ struct FwdMainloopSm90 {
         int const wg = tid / 128;
         int n = n_max - 1;
         pipe_q.consumer_wait(st_q);
+        Tensor tSrQ = tSrQs(_, _, _, st_q.index());
         pipe_k.consumer_wait(st_k);
         scheduler_sync(wg);
         wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
@@ -209,7 +227,16 @@ struct FwdMainloopSm90 {
             warpgroup_fence_operand(rP);
             pipe_v.consumer_release(st_v);
             ++st_v;
+#if defined(FLASH_DASH_FWD_RESCALE_SKIP) && FLASH_DASH_FWD_RESCALE_SKIP
+            // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps
+            // the branch warp-uniform.
+            bool moved = false;
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
+            if (__any_sync(0xffffffffu, moved)) { rescale_rows(tO_rc, o_scale); }
+#else
             rescale_rows(tO_rc, o_scale);
+#endif
             convert_fragment(tSrS, rP);
         }
         pipe_q.consumer_release(st_q);  // last QK^T has retired

@@ -7,8 +7,9 @@ namespace flash_dash {
 enum class FwdNamedBarrier : uint32_t {
     kEpilogueSmemFree = 0,   // consumer WGs: previous O TMA store has finished reading smem
     kEpilogueSmemReady = 1,  // consumer WGs: O tile written to smem, one thread may issue the store
-    kWarpSchedulerWG0 = 2,   // ping-pong: consumer WG c waits on kWarpSchedulerWG0 + c before issuing
-    kWarpSchedulerWG1 = 3,   //   its GEMMs, then arrives on the other WG's barrier
+    kWarpSchedulerWG0 = 2,   // round robin: consumer WG c waits on kWarpSchedulerWG0 + c before issuing
+    kWarpSchedulerWG1 = 3,   //   its GEMMs, then arrives on the next WG's barrier
+    kWarpSchedulerWG2 = 4,   //   (third consumer WG, kBlockM = 192)
 };
 
 template <class Id>
