@@ -39,10 +39,13 @@ struct BwdTraits {
     static constexpr int NumMmaThreads = 256;
     static constexpr int NumThreads = 384;
     static constexpr bool dQ_split_M = kHeadDim <= 64;
-    // setmaxnreg split (sum * 128 <= 65536, else setmaxnreg.inc would wait forever).
-    static constexpr int kProducerRegs = 32;
-    static constexpr int kMmaRegs = 240;
-    static_assert((kProducerRegs + 2 * kMmaRegs) * 128 <= 65536);
+    // setmaxnreg split. The CTA owns what it launched with (168 regs x 384 threads = 64512), and
+    // setmaxnreg.inc waits forever for registers the CTA does not own, so the split must fit in that.
+    // hdim 64's MMA warpgroups need 240 (the producer/store warps then spill a little at 24);
+    // hdim 128 fits spill-free at 40/232.
+    static constexpr int kProducerRegs = kHeadDim <= 64 ? 24 : 40;
+    static constexpr int kMmaRegs = kHeadDim <= 64 ? 240 : 232;
+    static_assert((kProducerRegs + 2 * kMmaRegs) * 128 <= 168 * 384, "setmaxnreg split exceeds the launch allocation");
 
     using TileN = Int<kBlockN>;
     using TileM = Int<kBlockM>;
