@@ -24,5 +24,12 @@ test:
 plan:
 	flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png
 
+# GPU machine: the DASH grid and transformer blocks, side by side with peers (results in benchmarks/results/).
+bench:
+	PYTHON=$(PYTHON) benchmarks/run_bench.sh benchmarks/results
+
+bench-quick:
+	PYTHON=$(PYTHON) benchmarks/run_bench.sh --quick benchmarks/results
+
 clean:
 	rm -rf build

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, checks
+from . import checks
 from .ops import KERNEL_SCHEDULES, grid_size, resolve_schedule
 
 
@@ -84,15 +84,11 @@ def flash_attn_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = checks.check_tensors(q, k, v)
-    if q.is_cuda:
-        _ext.require_kernels()
-        checks.check_kernel_inputs({"q": q, "k": k, "v": v}, shape.head_dim, _ext.compiled_head_dims(q.dtype))
-        checks.check_sm_margin(sm_margin, q.device)
-        if deterministic and schedule not in ("auto",) + KERNEL_SCHEDULES:
-            raise NotImplementedError(
-                f"schedule={schedule!r} is modelled by `flash-attn-dash plan` but not yet implemented in the "
-                f"kernels; use one of {('auto',) + KERNEL_SCHEDULES}"
-            )
+    if q.is_cuda and deterministic and schedule not in ("auto",) + KERNEL_SCHEDULES:
+        raise NotImplementedError(
+            f"schedule={schedule!r} is modelled by `flash-attn-dash plan` but not yet implemented in the "
+            f"kernels; use one of {('auto',) + KERNEL_SCHEDULES}"
+        )
     scale = _default_scale(shape.head_dim, softmax_scale)
     out, lse = _FlashAttnFunc.apply(q, k, v, scale, causal, deterministic, schedule, sm_margin)
     return (out, lse) if return_lse else out

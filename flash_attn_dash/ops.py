@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext
+from . import _ext, checks
 from .reference import attention_ref, attention_ref_bwd
 
 SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
@@ -54,6 +54,16 @@ torch.library.define(
 )
 
 
+def check_cuda_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_margin: int) -> None:
+    """Kernel constraints (build, head dim, strides, alignment, 32-bit sizes, arch, grid), checked before launch.
+
+    They run inside the op, not in flash_attn_func, so torch.compile traces nothing device-specific.
+    """
+    _ext.require_kernels()
+    checks.check_kernel_inputs({"q": q, "k": k, "v": v}, q.shape[-1], _ext.compiled_head_dims(q.dtype))
+    checks.check_sm_margin(sm_margin, q.device)
+
+
 def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[2], q.shape[1])
 
@@ -66,7 +76,7 @@ def fwd(
     if not q.is_cuda:
         out, lse = attention_ref(q, k, v, softmax_scale, causal)
         return out.to(q.dtype).contiguous(), lse.contiguous()
-    _ext.require_kernels()
+    check_cuda_inputs(q, k, v, sm_margin)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     if q.numel() == 0:

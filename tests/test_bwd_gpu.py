@@ -95,7 +95,9 @@ def _check_grads(q, k, v, dout, grads, causal):
     for name, x, r, p in zip(("dq", "dk", "dv"), grads, ref, pt):
         assert x.shape == r.shape and x.dtype == q.dtype, name
         assert not torch.isnan(x).any(), f"{name}: NaN or unwritten (poison) elements"
-        atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item()
+        # + 1e-5: where the reference gradient is exactly 0 (e.g. one key per row: dS = P(dP - dPsum) = 0)
+        # the kernel's dP and dPsum round differently; 1e-5 is far below any real error.
+        atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item() + 1e-5
         err = (x.float() - r).abs().max().item()
         err_pt = (p.float() - r).abs().max().item()
         assert err <= 2 * err_pt + atol, f"{name}: err {err:.3e} > 2 * pt {err_pt:.3e} + atol {atol:.3e}"
