@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 SCHEDULES = ("auto", "ascending", "descending", "shift", "symmetric_shift")
+# Schedules that exist for one mask only: the value is `causal`.
+MASK_ONLY = {"shift": False, "symmetric_shift": True}
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
 KERNEL_HEAD_DIMS = (64, 128)
@@ -49,6 +51,10 @@ def check_options(
     _require_bool("return_lse", return_lse)
     if not isinstance(schedule, str) or schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {', '.join(repr(s) for s in SCHEDULES)}; got {schedule!r}")
+    if schedule in MASK_ONLY and MASK_ONLY[schedule] != causal:
+        mask = "causal" if MASK_ONLY[schedule] else "full"
+        raise ValueError(f"schedule={schedule!r} is defined for {mask} masks only (causal={causal}); "
+                         "use 'auto', 'ascending' or 'descending'")
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int):
         raise TypeError(f"sm_margin must be an int >= 0, got {type(sm_margin).__name__}")
     if sm_margin < 0:

@@ -77,5 +77,5 @@ def test_bad_cuda_inputs_raise_before_launch():
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="sm_margin"):
         flash_attn_func(q, q, q, sm_margin=10_000)
-    with pytest.raises(NotImplementedError, match="shift"):
-        flash_attn_func(q, q, q, deterministic=True, schedule="shift")
+    with pytest.raises(ValueError, match="full masks only"):
+        flash_attn_func(q, q, q, causal=True, deterministic=True, schedule="shift")

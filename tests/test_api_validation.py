@@ -15,6 +15,8 @@ def qkv(b=1, sq=8, sk=8, h=2, hk=2, d=16, dtype=torch.float32):
     [
         ({"schedule": "fastest"}, ValueError, "schedule must be one of 'auto', 'ascending'"),
         ({"schedule": 3}, ValueError, "schedule"),
+        ({"schedule": "shift", "causal": True}, ValueError, "full masks only"),
+        ({"schedule": "symmetric_shift"}, ValueError, "causal masks only"),
         ({"causal": 1}, TypeError, "causal must be a bool"),
         ({"deterministic": "yes"}, TypeError, "deterministic must be a bool"),
         ({"return_lse": None}, TypeError, "return_lse must be a bool"),
