@@ -504,3 +504,23 @@ def test_cli_dry_run_and_no_cuda():
         r = _run([os.path.join("benchmarks", script), "--quick"])
         assert r.returncode == 2, (r.stdout, r.stderr)
         assert "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_readme_section_uses_only_the_named_run(tmp_path):
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    spec = importlib.util.spec_from_file_location("update_readme", root / "benchmarks" / "update_readme.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    row = {"impl": "dash-det", "hdim": 128, "mask": "causal", "seqlen": 8192, "status": "ok",
+           "bwd": {"tflops": 512.4}, "bitwise_repeat": True}
+    doc = {"meta": {"date": "2026-11-30T00:00:00", "git_commit": "abcdef123"}, "rows": [row]}
+    baselines = json.loads((root / "benchmarks" / "h200_baselines.json").read_text())
+    text = mod.section(doc, "run.json", baselines)
+    assert "| 128 | causal | ours det `auto` | 512* |" in text
+    assert "| 128 | causal | ours non-det | – |" in text
+    assert "_491_" in text  # reference best deterministic, hdim 128 causal 8k
+    assert "commit abcdef1" in text
