@@ -1,0 +1,70 @@
+"""Forward-kernel variant probe: our forward op against SDPA cuDNN, same run, same inputs.
+
+    python benchmarks/fwd_variants.py NAME [--json OUT.json] [--seqlen 2k,4k,8k,16k]
+
+Used to compare compile-time forward configurations (hopper/flash_fwd_launch_template.h's FLASH_DASH_FWD_*
+macros) built one after another on the GPU machine; each run prints one table. Timing: benchmarks/common.py
+(CUDA events, median of 30 after warm-up, inputs rotated over 3 sets), bf16, 16k tokens, hidden 2048.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("name", help="variant label for the table")
+    ap.add_argument("--json", help="write the rows here")
+    ap.add_argument("--seqlen", default="2k,4k,8k,16k", help="comma list (default 2k,4k,8k,16k)")
+    args = ap.parse_args(argv)
+    common.require_cuda("fwd_variants.py")
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+
+    rows = []
+    for hdim in (64, 128):
+        for causal in (False, True):
+            for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
+                b, h = 16384 // s, 2048 // hdim
+                sets = [[torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
+                        for _ in range(3)]
+                out = torch.empty_like(sets[0][0])
+                lse = torch.empty(b, h, s, device="cuda")
+
+                def ours(i):
+                    q, k, v = sets[i % 3]
+                    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, hdim ** -0.5, causal, 0)
+
+                def cudnn(i):
+                    q, k, v = (x.transpose(1, 2) for x in sets[i % 3])
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+
+                flops = common.attn_fwd_flops(b, h, s, s, hdim, causal)
+                row = {"variant": args.name, "hdim": hdim, "causal": causal, "seqlen": s}
+                for label, fn in (("ours", ours), ("cudnn", cudnn)):
+                    ms = common.summarize_ms(common.time_cuda(fn, iters=30, warmup=5))["ms"]
+                    row[label] = common.tflops(flops, ms)
+                rows.append(row)
+                del sets
+                common.free_cuda()
+    print(f"forward TFLOP/s, variant {args.name}")
+    print(common.text_table(["hdim", "mask", "seqlen", "ours", "cuDNN", "ours/cuDNN"],
+                            [[r["hdim"], "causal" if r["causal"] else "full", common.seqlen_label(r["seqlen"]),
+                              f"{r['ours']:.0f}", f"{r['cudnn']:.0f}", f"{r['ours'] / r['cudnn']:.3f}"] for r in rows]))
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": common.collect_metadata(), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
