@@ -102,7 +102,7 @@ def report(logs: list[str]) -> int:
         print("no kernel translation units compiled")
         return 0
     spilling = 0
-    print(f"{'kernel':<70} {'regs':>5} {'stack':>6} {'spill st/ld':>12}")
+    print(f"{'regs':>5} {'stack':>6} {'spill st/ld':>12}  kernel")
     for log in logs:
         name = None
         stack = spill = (0, 0)
@@ -116,7 +116,7 @@ def report(logs: list[str]) -> int:
                     spill = (int(s.group(1)), int(s.group(2)))
             elif name and (m := _REGS.search(line)):
                 short = _demangle(name)
-                print(f"{Path(log).stem + ':' + short:<70.70} {m.group(1):>5} {stack:>6} {spill[0]:>5}/{spill[1]:<6}")
+                print(f"{m.group(1):>5} {stack:>6} {spill[0]:>5}/{spill[1]:<6}  {Path(log).stem}: {short}")
                 spilling += spill != (0, 0)
                 name = None
     print(f"{spilling} kernel(s) spill")
@@ -130,7 +130,9 @@ def _demangle(name: str) -> str:
         out = subprocess.run(["c++filt", name], capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return name
-    return re.sub(r"\s+", " ", out)
+    # Keep the template arguments that tell kernels apart (mask, determinism, policy), drop namespaces.
+    out = re.sub(r"\b(flash_dash|cutlass|cute|bwd)::", "", out)
+    return re.sub(r"\s+", " ", out).replace("void ", "")
 
 
 if __name__ == "__main__":
