@@ -27,24 +27,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
 import os
 import sys
 import time
 
 
-def _load_common():
-    name = "fad_bench_common"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-bc = _load_common()
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common as bc  # noqa: E402
 PROG = "bench_attn.py"
 
 

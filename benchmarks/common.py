@@ -1,7 +1,6 @@
 """Shared helpers for the flash-attn-dash benchmarks.
 
-Used by bench_attn.py, bench_block.py and plot.py (loaded by file path under the
-module name ``fad_bench_common`` so it cannot collide with another ``common``).
+Used by bench_attn.py, bench_block.py, plot.py and fwd_variants.py as ``benchmarks.common``.
 
 Contents: FLOP formulas, grid construction, the attention implementation registry
 (ours / torch SDPA backends / FlashAttention-4), CUDA-event timing, reference

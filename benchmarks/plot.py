@@ -15,23 +15,13 @@ torch is not needed.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 
 
-def _load_common():
-    name = "fad_bench_common"
-    if name not in sys.modules:
-        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.py")
-        spec = importlib.util.spec_from_file_location(name, path)
-        mod = importlib.util.module_from_spec(spec)
-        sys.modules[name] = mod
-        spec.loader.exec_module(mod)
-    return sys.modules[name]
-
-
-bc = _load_common()
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from benchmarks import common as bc  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 DEFAULT_BASELINE = os.path.join(HERE, "h200_baselines.json")
 DEFAULT_REF_ROWS = {"bwd": ["FA3 det", "FA4 det", "best deterministic", "best non-deterministic"],

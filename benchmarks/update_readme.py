@@ -7,6 +7,7 @@ named JSON file (same run: ours and cuDNN) or from benchmarks/h200_baselines.jso
 """
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -60,8 +61,10 @@ def section(doc: dict, json_name: str, baselines: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    path = Path(argv[0]) if argv else newest_attn_json(ROOT / "benchmarks" / "results")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("result", nargs="?", help="attention JSON (default: the newest in benchmarks/results)")
+    args = ap.parse_args(argv)
+    path = Path(args.result) if args.result else newest_attn_json(ROOT / "benchmarks" / "results")
     doc = json.loads(path.read_text())
     baselines = json.loads((ROOT / "benchmarks" / "h200_baselines.json").read_text())
     readme = ROOT / "README.md"

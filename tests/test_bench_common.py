@@ -17,23 +17,15 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "benchmarks")
 BASELINE_JSON = os.path.join(BENCH, "h200_baselines.json")
-BASELINE_MD = "/work/shared/design/h200-baselines.md"
+# shared/ sits beside the checkout (developers and CI alike)
+BASELINE_MD = os.path.join(ROOT, "..", "shared", "design", "h200-baselines.md")
 
 
-def _load(name, fname):
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, os.path.join(BENCH, fname))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bc = _load("fad_bench_common", "common.py")
-plot = _load("fad_bench_plot", "plot.py")
-battn = _load("fad_bench_attn", "bench_attn.py")
-bblock = _load("fad_bench_block", "bench_block.py")
+sys.path.insert(0, ROOT)
+from benchmarks import bench_attn as battn  # noqa: E402
+from benchmarks import bench_block as bblock  # noqa: E402
+from benchmarks import common as bc  # noqa: E402
+from benchmarks import plot  # noqa: E402
 
 
 # --------------------------------------------------------------------------- FLOPs
@@ -507,14 +499,11 @@ def test_cli_dry_run_and_no_cuda():
 
 
 def test_readme_section_uses_only_the_named_run(tmp_path):
-    import importlib.util
-    import json
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
-    spec = importlib.util.spec_from_file_location("update_readme", root / "benchmarks" / "update_readme.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from benchmarks import update_readme as mod
+
+    root = Path(ROOT)
     row = {"impl": "dash-det", "hdim": 128, "mask": "causal", "seqlen": 8192, "status": "ok",
            "bwd": {"tflops": 512.4}, "bitwise_repeat": True}
     doc = {"meta": {"date": "2026-11-30T00:00:00", "git_commit": "abcdef123"}, "rows": [row]}

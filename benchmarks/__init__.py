@@ -1,0 +1,1 @@
+"""Benchmark harness (run the scripts directly; see benchmarks/README.md)."""
