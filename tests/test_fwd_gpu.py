@@ -12,22 +12,7 @@ import pytest
 import torch
 
 
-def _sm90_kernels() -> bool:
-    try:
-        import flash_attn_dash
-    except ImportError:
-        return False
-    return (
-        torch.cuda.is_available()
-        and torch.cuda.get_device_capability() == (9, 0)
-        and flash_attn_dash.kernels_available()
-    )
-
-
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not _sm90_kernels(), reason="needs an sm90 GPU and the compiled kernels"),
-]
+pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without an sm90 GPU and the kernels
 
 DTYPES = [torch.bfloat16, torch.float16]
 HDIMS = [64, 128]
