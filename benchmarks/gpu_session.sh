@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# One GPU-machine session in one call: build, GPU tests, compute-sanitizer, benchmarks, forward variants.
+#
+#   benchmarks/gpu_session.sh OUTDIR [steps...]     steps: build tests sanitize bench variants (default: all)
+#
+# Forward variants: every folder .prebuilt/<name>/ holding `make kernels` objects (built with the
+# NVCC_APPEND_FLAGS recorded in its flags.txt) is linked in turn with FLASH_DASH_PASSES=fwd and probed
+# with benchmarks/fwd_variants.py and the bf16 forward tests. Logs go to OUTDIR as tars (few files back).
+set -u -o pipefail
+OUTDIR=${1:?usage: gpu_session.sh OUTDIR [steps...]}
+shift
+STEPS=${*:-build tests sanitize bench variants}
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+cd "$ROOT"
+LOG="$OUTDIR/logs"
+mkdir -p "$LOG"
+export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+has() { [[ " $STEPS " == *" $1 "* ]]; }
+summary=()
+
+build() {  # build [env...]: pip install the extension against the installed torch
+  env "$@" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$LOG/build-$BUILD_TAG.log" 2>&1
+}
+
+if has build; then
+  BUILD_TAG=default; SECONDS=0
+  build || { grep -E "error" "$LOG/build-default.log" | head -30; exit 1; }
+  summary+=("build: ${SECONDS}s")
+fi
+if has tests; then
+  for t in test_api_gpu test_fwd_gpu test_bwd_gpu; do
+    timeout 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 "tests/$t.py" > "$LOG/$t.log" 2>&1
+    summary+=("$t: $(tail -1 "$LOG/$t.log")")
+  done
+fi
+if has sanitize; then
+  for tool in racecheck synccheck; do
+    timeout 150 compute-sanitizer --tool "$tool" python3 tests/sanitize_bwd.py > "$LOG/sanitize-$tool.log" 2>&1
+    summary+=("sanitize $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$tool.log" | tail -1)")
+  done
+fi
+if has bench; then
+  timeout 300 make bench-quick PYTHON=python3 > "$LOG/bench.log" 2>&1
+  summary+=("bench-quick rc $?")
+  tar -cf "$OUTDIR/results.tar" benchmarks/results
+fi
+if has variants; then
+  for dir in .prebuilt/*/; do
+    name=$(basename "$dir")
+    BUILD_TAG=$name
+    build FLASH_DASH_PASSES=fwd FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
+    timeout 120 python3 -m pytest -q -p no:cacheprovider -k dtype0 tests/test_fwd_gpu.py > "$LOG/fwd-$name.log" 2>&1
+    summary+=("variant $name ($(cat "$dir/flags.txt")): tests $(tail -1 "$LOG/fwd-$name.log")")
+    timeout 120 python3 benchmarks/fwd_variants.py "$name" --json "$LOG/fwd-$name.json" > "$LOG/probe-$name.txt" 2>&1
+    cat "$LOG/probe-$name.txt"
+  done
+fi
+tar -cf "$OUTDIR/logs.tar" -C "$OUTDIR" logs && rm -rf "$LOG"
+printf '%s\n' "${summary[@]}"
