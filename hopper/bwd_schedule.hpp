@@ -2,7 +2,9 @@
 // its Q tiles, and the rank (position in the deterministic dQ accumulation order) of every
 // (n, m) contribution. One policy = one compile-time template parameter of the backward kernel.
 //
-// Contract shared with flash_attn_dash/schedule (Python model; a GPU test compares the two):
+// Contract shared with flash_attn_dash/schedule (Python model, orders.py docstring = the spec; a GPU
+// test compares the dQ arrival trace, tests/test_schedule_kernel_mirror.py compiles this header as
+// host code and compares every CTA's task list with the model):
 //  * M = ceil(sq / kBlockM), N = ceil(sk / kBlockN); causal is aligned bottom-right: query row i
 //    sees key j iff j <= i + (sk - sq).
 //  * K/V tile n is visited by the Q tiles m in [m_min(n), M), with
@@ -20,13 +22,21 @@
 //  belongs to a tile with a smaller linear index. All G CTAs are resident (1 CTA/SM, G <= #SMs),
 //  each CTA processes its tiles in increasing t, so the unfinished tile with the smallest t never
 //  waits on anything unfinished: the system always makes progress.
+//  * Shift (full mask only) and SymmetricShift (causal only, pair grid): see the policies below.
 //
-// Adding a policy (e.g. Shift / SymmetricShift): derive from StaticPersistentGrid (or provide the
-// same static members) and implement State init(ctx), num_steps, m_block(step), rank(m). The
-// TileCtx gives the linear tile index, grid size and the problem shape, and wave_info() derives the
-// persistent round of the tile and how many tiles of the same (b, h) run in that round.
+// Policy interface (all roles of the kernel walk the same sequence independently):
+//    for (t = first_tile(s, cta); t < s.num_tiles(); t = next_tile(s, t)) {
+//        TileCtx c = make_ctx(s, t); State st = init(s, c);
+//        for (step = 0; step < num_steps(s, c, st); ++step) { m = m_block(s, c, st, step); rank(s, c, st, m); }
+//    }
+//  kMask says which mask a policy is valid for (the kernel static_asserts it).
+//  All arithmetic is 32-bit int on values < 2^31: the host guarantees B*H*N + 2*G < 2^31 (see
+//  tile_count_fits); pointer offsets are formed in int64 by the kernel.
+//
+// This header is plain C++ (no CUDA/CUTE includes) so that it compiles as host code.
 #pragma once
 #include <cstdint>
+#include "flash_params.h"
 
 #ifndef FLASH_DASH_HD
 #if defined(__CUDACC__)
@@ -45,7 +55,7 @@ struct SchedShape {
     int seqlen_q, seqlen_k;      // sq, sk
     int block_m, block_n;        // kBlockM, kBlockN
     int num_m, num_n;            // M, N
-    int grid;                    // G (persistent CTAs)
+    int grid;                    // G (persistent CTAs): min(num_sms, #tiles), or min(num_sms, #pairs) on the pair grid
     bool causal;
     FLASH_DASH_HD int num_tiles() const { return batch * heads * num_n; }
 };
@@ -65,36 +75,51 @@ FLASH_DASH_HD int m_min_of(SchedShape const& s, int n) {
 
 // Everything a policy may need about one K/V tile.
 struct TileCtx {
-    int t;          // linear tile index
+    int t;          // linear unit index (tile index on the static grid; 2*chunk + stage on the pair grid)
     int n, h, b;    // decoded coordinates
     int m_min, m_end;  // visited Q tiles: [m_min, m_end)
 };
 
-// Wave (persistent round) information of a tile, for shift-type schedules.
+// Wave (persistent round) information of a unit (tile or pair), for shift-type schedules.
 struct WaveInfo {
-    int round;      // t / G
-    int running;    // R: tiles of the same (b, h) processed in this round
-    int finished;   // F: tiles of the same (b, h) processed in earlier rounds
-    int slot;       // k = n - F, in [0, R)
+    int round;      // unit / G
+    int running;    // R: units of the same (b, h) processed in this round
+    int finished;   // F: units of the same (b, h) processed in earlier rounds
+    int slot;       // k = (unit index within its head) - F, in [0, R)
 };
 
-FLASH_DASH_HD WaveInfo wave_info(SchedShape const& s, TileCtx const& c) {
+// Mirrors orders.py `_waves`: `unit` is the linear index, `in_head` its index within its (b, h),
+// `per_head` the units per (b, h), `grid` = G.
+FLASH_DASH_HD WaveInfo wave_of(int unit, int in_head, int per_head, int grid) {
     WaveInfo w;
-    w.round = c.t / s.grid;
-    int const wave_start = w.round * s.grid;
-    int const wave_end = wave_start + s.grid;              // exclusive
-    int const head_start = c.t - c.n;                      // linear index of (b, h, n=0)
-    int const head_end = head_start + s.num_n;             // exclusive
+    w.round = unit / grid;
+    int const wave_start = w.round * grid;
+    int const wave_end = wave_start + grid;                // exclusive
+    int const head_start = unit - in_head;
+    int const head_end = head_start + per_head;            // exclusive
     int const lo = wave_start > head_start ? wave_start : head_start;
     int const hi = wave_end < head_end ? wave_end : head_end;
     w.running = hi - lo;
     w.finished = lo - head_start;
-    w.slot = c.n - w.finished;
+    w.slot = in_head - w.finished;
     return w;
 }
 
-// CTA -> tile assignment of the static persistent grid. Shared by the shipped policies.
+// Static grid: the unit is the tile t, n its index within the head.
+FLASH_DASH_HD WaveInfo wave_info(SchedShape const& s, TileCtx const& c) {
+    return wave_of(c.t, c.n, s.num_n, s.grid);
+}
+
+// x mod r for x in (-r, 2r), r > 0 (one conditional add/subtract, no division).
+FLASH_DASH_HD int wrap_once(int x, int r) {
+    return x < 0 ? x + r : (x >= r ? x - r : x);
+}
+
+enum PolicyMask : int { kAnyMask = 0, kFullOnly = 1, kCausalOnly = 2 };
+
+// CTA -> tile assignment of the static persistent grid. Shared by the static policies.
 struct StaticPersistentGrid {
+    static constexpr bool kPairGrid = false;
     FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return cta; }
     FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
     FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int t) {
@@ -115,6 +140,7 @@ struct StaticPersistentGrid {
 
 struct Ascending : StaticPersistentGrid {
     static constexpr const char* kName = "ascending";
+    static constexpr int kMask = kAnyMask;
     struct State {};
     FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
     FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
@@ -130,6 +156,7 @@ struct Ascending : StaticPersistentGrid {
 
 struct Descending : StaticPersistentGrid {
     static constexpr const char* kName = "descending";
+    static constexpr int kMask = kAnyMask;
     struct State {};
     FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
     FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
@@ -142,6 +169,176 @@ struct Descending : StaticPersistentGrid {
         return rank_naive(s, c, m);
     }
 };
+
+// Shift (full mask only), static persistent grid. Per (head, round) group: R = running, F = finished,
+// slot k = n - F. If R <= M the tile visits m = (k + i) mod M, i = 0..M-1, with
+//   rank = F + ((min(m, R-1) - k) mod R);
+// otherwise (R > M: more tiles of the head in flight than Q tiles) the group runs the descending
+// order, m = M-1-i and rank = n. State: 3 ints (k = -1 marks the fallback group).
+struct Shift : StaticPersistentGrid {
+    static constexpr const char* kName = "shift";
+    static constexpr int kMask = kFullOnly;
+    struct State {
+        int k;         // slot in [0, R); -1: this (head, round) group falls back to descending
+        int running;   // R
+        int finished;  // F
+    };
+    FLASH_DASH_HD static State init(SchedShape const& s, TileCtx const& c) {
+        WaveInfo const w = wave_info(s, c);
+        State st;
+        st.k = w.running > s.num_m ? -1 : w.slot;
+        st.running = w.running;
+        st.finished = w.finished;
+        return st;
+    }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;  // full mask: M
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const& st, int step) {
+        // k < R <= M and step < M: (k + step) mod M needs one conditional subtraction.
+        int const m = st.k + step;
+        return st.k < 0 ? c.m_end - 1 - step : (m >= c.m_end ? m - c.m_end : m);
+    }
+    FLASH_DASH_HD static int rank(SchedShape const&, TileCtx const& c, State const& st, int m) {
+        if (st.k < 0) return c.n;
+        int const top = st.running - 1;
+        int const mm = m < top ? m : top;
+        return st.finished + wrap_once(mm - st.k, st.running);  // mm - k in (-R, R)
+    }
+};
+
+// SymmetricShift (causal only; sq == sk, kBlockN == kS * kBlockM, N even: the host falls back to
+// Descending otherwise, exactly like the model). Pair grid: P = N/2 pairs per (b, h); chunk
+// c = q*P + p pairs the long tile p with the short tile N-1-p. G = min(num_sms, B*H*P); CTA g runs
+// chunks g, g+G, ..., each chunk long tile first. Unit u = 2*c + stage (stage 0 long, 1 short),
+// so the units cover [0, B*H*N) and next_tile is u+1 within a chunk, u + 2G - 1 to the next chunk.
+// Waves on chunks: R, F, k per (head, round) group. Rs = (F + R - 1)*kS, L = M - Rs:
+//  * long n = F+k: L steps m = Rs + ((k+i) mod L), then the triangle m = n*kS .. Rs-1 ascending;
+//    rank E(m) + ((min(m - Rs, R-1) - k) mod R) in the rectangle, E(m) + (m/kS - n) in the triangle;
+//  * short n' = N-1-F-k: m = M-1 down to n'*kS; rank E(m) + R + (R-1-k);
+//  * E(m) = F + max(0, m/kS + 1 - N + F).
+// k < L always holds (M > (N-1)kS, F+R <= N/2), so (k+i) mod L is one conditional subtraction.
+template <int kS>
+struct SymmetricShift {
+    static_assert(kS >= 1, "block_n must be a positive multiple of block_m");
+    static constexpr const char* kName = "symmetric_shift";
+    static constexpr int kMask = kCausalOnly;
+    static constexpr bool kPairGrid = true;
+    struct State {
+        int k;         // slot of the pair in its (head, round) group
+        int running;   // R (pairs)
+        int finished;  // F (pairs)
+        int rs;        // long tile: first rectangle row Rs; short tile: -1
+    };
+    FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return 2 * cta; }
+    FLASH_DASH_HD static int next_tile(SchedShape const& s, int u) { return (u & 1) ? u + 2 * s.grid - 1 : u + 1; }
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int u) {
+        int const pairs = s.num_n >> 1;
+        int const chunk = u >> 1;
+        int const q = chunk / pairs;
+        int const p = chunk - q * pairs;
+        TileCtx c;
+        c.t = u;
+        c.n = (u & 1) ? s.num_n - 1 - p : p;
+        c.h = q % s.heads;
+        c.b = q / s.heads;
+        c.m_min = c.n * kS;  // == m_min_of(s, n) when sq == sk
+        c.m_end = s.num_m;
+        return c;
+    }
+    FLASH_DASH_HD static State init(SchedShape const& s, TileCtx const& c) {
+        bool const is_short = (c.t & 1) != 0;
+        int const p = is_short ? s.num_n - 1 - c.n : c.n;
+        WaveInfo const w = wave_of(c.t >> 1, p, s.num_n >> 1, s.grid);
+        State st;
+        st.k = w.slot;
+        st.running = w.running;
+        st.finished = w.finished;
+        st.rs = is_short ? -1 : (w.finished + w.running - 1) * kS;
+        return st;
+    }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const& st, int step) {
+        if (st.rs < 0) return c.m_end - 1 - step;          // short tile: descending
+        int const len = c.m_end - st.rs;                   // L
+        if (step < len) {                                  // rectangle, cyclic from Rs + k
+            int const m = st.rs + st.k + step;
+            return m >= c.m_end ? m - len : m;
+        }
+        return c.m_min + (step - len);                     // triangle, ascending
+    }
+    FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const& st, int m) {
+        int const mq = m / kS;                             // K/V tile index of row m's diagonal
+        int const late = mq + 1 - s.num_n + st.finished;   // earlier rounds' short tiles reaching m
+        int const e = st.finished + (late > 0 ? late : 0); // E(m)
+        if (st.rs < 0) return e + 2 * st.running - 1 - st.k;
+        if (m < st.rs) return e + mq - c.n;                // triangle
+        int const top = st.running - 1;
+        int const d = m - st.rs;
+        return e + wrap_once((d < top ? d : top) - st.k, st.running);
+    }
+};
+
+// ---------------------------------------------------------------------------------------------
+// Host side: which policy runs and on how many CTAs (shared by the launch template and the CPU
+// mirror test, so both make the same decision as orders.py `build_orders`).
+
+// Why symmetric_shift cannot run (then descending runs), or nullptr. Same conditions, same order as
+// orders.py `symmetric_shift_fallback` (the mask itself is checked by mask_mismatch first).
+inline const char* symmetric_shift_fallback(int seqlen_q, int seqlen_k, int block_m, int block_n, int num_n) {
+    if (seqlen_q != seqlen_k) return "symmetric_shift needs seqlen_q == seqlen_k";
+    if (block_n % block_m != 0) return "symmetric_shift needs block_n % block_m == 0";
+    if (num_n % 2 != 0) return "symmetric_shift needs an even number of K/V tiles";
+    return nullptr;
+}
+
+// Non-null message if `schedule` may not be used with this mask (shift: full only,
+// symmetric_shift: causal only), whatever the determinism mode.
+inline const char* mask_mismatch(Schedule schedule, bool causal) {
+    if (schedule == Schedule::kShift && causal) {
+        return "flash_dash bwd: schedule 'shift' (2) needs the full mask (causal=False); use 'symmetric_shift' (3), "
+               "'ascending' (0) or 'descending' (1) for causal";
+    }
+    if (schedule == Schedule::kSymmetricShift && !causal) {
+        return "flash_dash bwd: schedule 'symmetric_shift' (3) needs the causal mask (causal=True); use 'shift' (2), "
+               "'ascending' (0) or 'descending' (1) for the full mask";
+    }
+    return nullptr;
+}
+
+struct LaunchChoice {
+    Schedule used;   // the policy that runs (the model's plan.schedule_used in deterministic mode)
+    int grid;        // G
+    bool pair_grid;  // SymmetricShift's pair grid
+};
+
+// Decides policy and grid. Non-deterministic runs use Ascending (the order does not matter).
+// Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
+inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
+                                  int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
+    LaunchChoice ch;
+    ch.used = deterministic ? requested : Schedule::kAscending;
+    ch.pair_grid = false;
+    if (ch.used == Schedule::kSymmetricShift &&
+        (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {
+        ch.used = Schedule::kDescending;
+    }
+    int64_t units = batch_heads * num_n;
+    if (ch.used == Schedule::kSymmetricShift) {
+        ch.pair_grid = true;
+        units = batch_heads * (num_n / 2);
+    }
+    int64_t g = num_sms < units ? int64_t(num_sms) : units;
+    ch.grid = int(g < 1 ? 1 : g);
+    return ch;
+}
+
+// The kernel's 32-bit unit arithmetic needs B*H*N + 2*G < 2^31.
+inline bool tile_count_fits(int64_t num_tiles, int grid) {
+    return num_tiles + 2 * int64_t(grid) < (int64_t(1) << 31);
+}
 
 }  // namespace bwd
 }  // namespace flash_dash

@@ -61,7 +61,11 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
     int const warp_idx = cutlass::canonical_warp_idx_sync();
     int const warp_group_idx = cutlass::canonical_warp_group_idx();
     int const lane = threadIdx.x % 32;
+    static_assert(Policy::kMask == kAnyMask || (Policy::kMask == kCausalOnly) == Is_causal,
+                  "schedule policy instantiated for the wrong mask (shift: full only, symmetric_shift: causal only)");
     SchedShape const& sched = params.sched;  // stays in the param bank (no registers)
+    // Units walked by every role: tiles t on the static grid, 2*chunk + stage on the pair grid
+    // (SymmetricShift runs only with N even, so both ranges are [0, B*H*N)).
     int const num_tiles = sched.num_tiles();
 
     if (warp_idx == 0 && lane == 0) {
@@ -124,6 +128,9 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
                     copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
                     copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
+                    // Not unrolled: one thread issuing TMA gains nothing from it, and unrolling made the
+                    // 24-register warps (hdim 64) spill inside this loop.
+                    #pragma unroll 1
                     for (int step = 0; step < steps; ++step) {
                         int const m = Policy::m_block(sched, c, st, step);
                         int const s = pipe_write.index();
@@ -152,6 +159,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                 auto const st = Policy::init(sched, c);
                 int const steps = Policy::num_steps(sched, c, st);
                 int64_t const bh = int64_t(c.b) * sched.heads + c.h;
+                #pragma unroll 1  // see the producer loop
                 for (int step = 0; step < steps; ++step) {
                     int const m = Policy::m_block(sched, c, st, step);
                     float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);

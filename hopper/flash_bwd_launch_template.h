@@ -66,15 +66,34 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
     check_cuda(cudaGetLastError(), "main kernel launch");
 }
 
+// Instantiates only what can run (keeps compile time flat): non-deterministic -> Ascending only
+// (the order is irrelevant); deterministic full -> Ascending, Descending, Shift; deterministic
+// causal -> Ascending, Descending, SymmetricShift<kBlockN / kBlockM> (when kBlockN % kBlockM == 0;
+// otherwise choose_launch always falls back to Descending).
 template <class Traits, bool Is_causal, bool Deterministic>
-void dispatch_policy(BwdParams const& p, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
+void dispatch_policy(Schedule used, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
 #ifdef FLASH_DASH_BWD_DEV_ONE
     launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return;
 #endif
-    switch (p.schedule) {
-        case Schedule::kAscending: launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); break;
-        case Schedule::kDescending: launch_main<Traits, Is_causal, Deterministic, Descending>(kp, grid, stream); break;
-        default: throw std::invalid_argument("flash_dash bwd: schedule not implemented");
+    if constexpr (!Deterministic) {
+        launch_main<Traits, Is_causal, false, Ascending>(kp, grid, stream);
+        return;
+    } else {
+        switch (used) {
+            case Schedule::kAscending: launch_main<Traits, Is_causal, true, Ascending>(kp, grid, stream); return;
+            case Schedule::kDescending: launch_main<Traits, Is_causal, true, Descending>(kp, grid, stream); return;
+            case Schedule::kShift:
+                if constexpr (!Is_causal) { launch_main<Traits, false, true, Shift>(kp, grid, stream); return; }
+                break;
+            case Schedule::kSymmetricShift:
+                if constexpr (Is_causal && Traits::kBlockN % Traits::kBlockM == 0) {
+                    launch_main<Traits, true, true, SymmetricShift<Traits::kBlockN / Traits::kBlockM>>(kp, grid, stream);
+                    return;
+                }
+                break;
+        }
+        // choose_launch never gets here (mask mismatches are rejected before, fallbacks resolved).
+        throw std::invalid_argument("flash_dash bwd: internal error: no kernel for schedule " + std::to_string(int(used)));
     }
 }
 
@@ -82,13 +101,10 @@ template <class Traits>
 void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
-    if (p.schedule == Schedule::kShift || p.schedule == Schedule::kSymmetricShift) {
-        throw std::invalid_argument(
-            "flash_dash bwd: schedule 'shift' / 'symmetric_shift' is not implemented yet; use ascending (0) or descending (1)");
-    }
-    if (p.schedule != Schedule::kAscending && p.schedule != Schedule::kDescending) {
+    if (int(p.schedule) < int(Schedule::kAscending) || int(p.schedule) > int(Schedule::kSymmetricShift)) {
         throw std::invalid_argument("flash_dash bwd: unknown schedule value " + std::to_string(int(p.schedule)));
     }
+    if (char const* why = mask_mismatch(p.schedule, p.is_causal)) { throw std::invalid_argument(why); }
     if (p.head_dim != kHeadDim) { throw std::invalid_argument("flash_dash bwd: head_dim mismatch"); }
     if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
         throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
@@ -98,6 +114,14 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     char* ws = static_cast<char*>(workspace);
     int const M = (p.seqlen_q + kBlockM - 1) / kBlockM;
     int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    // Policy and grid, exactly as the model's build_orders decides them (plan.schedule_used, num_ctas):
+    // symmetric_shift falls back to descending when sq != sk, kBlockN % kBlockM != 0 or N is odd, and
+    // runs on the pair grid G = min(num_sms, B*H*N/2); everything else on G = min(num_sms, B*H*N).
+    int64_t const num_tiles64 = int64_t(p.batch) * p.num_heads * N;
+    LaunchChoice const choice = choose_launch(p.schedule, p.deterministic, p.is_causal, p.seqlen_q, p.seqlen_k,
+                                              kBlockM, kBlockN, N, int64_t(p.batch) * p.num_heads, p.num_sms);
+    if (!tile_count_fits(num_tiles64, choice.grid)) { throw std::invalid_argument("flash_dash bwd: too many tiles (B*H*N must stay below 2^31 - 2*grid)"); }
+    int const grid = choice.grid;
 
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
 
@@ -127,10 +151,6 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
                              typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
     kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_stride, kHeadDim),
                              typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
-    int64_t const num_tiles64 = int64_t(p.batch) * p.num_heads * N;
-    if (num_tiles64 >= (int64_t(1) << 31)) { throw std::invalid_argument("flash_dash bwd: too many tiles"); }
-    int const num_tiles = int(num_tiles64);
-    int const grid = std::max(1, std::min(p.num_sms, num_tiles));
     SchedShape& s = kp.sched;
     s.batch = p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
@@ -150,14 +170,14 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.order_trace = p.order_trace;
 
 #ifdef FLASH_DASH_BWD_DEV_ONE  // compile-time smoke build: one kernel only
-    dispatch_policy<Traits, true, true>(p, kp, grid, stream);
+    dispatch_policy<Traits, true, true>(choice.used, kp, grid, stream);
 #else
     if (p.is_causal) {
-        if (p.deterministic) dispatch_policy<Traits, true, true>(p, kp, grid, stream);
-        else dispatch_policy<Traits, true, false>(p, kp, grid, stream);
+        if (p.deterministic) dispatch_policy<Traits, true, true>(choice.used, kp, grid, stream);
+        else dispatch_policy<Traits, true, false>(choice.used, kp, grid, stream);
     } else {
-        if (p.deterministic) dispatch_policy<Traits, false, true>(p, kp, grid, stream);
-        else dispatch_policy<Traits, false, false>(p, kp, grid, stream);
+        if (p.deterministic) dispatch_policy<Traits, false, true>(choice.used, kp, grid, stream);
+        else dispatch_policy<Traits, false, false>(choice.used, kp, grid, stream);
     }
 #endif
 

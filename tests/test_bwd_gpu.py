@@ -37,7 +37,13 @@ SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
 HEAD_CONFIGS = [(1, 1, 1), (3, 6, 6), (3, 6, 2), (1, 6, 1)]
-SCHEDULES = {"ascending": 0, "descending": 1}
+SCHEDULES = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
+# Each schedule with the masks it applies to (shift: full only, symmetric_shift: causal only; the other combination is
+# rejected with a ValueError, see test_bwd_schedule_mask_mismatch_raises): parametrize over these pairs, so that no
+# inapplicable combination is collected as a passing test.
+SCHEDULE_MASKS = [(name, causal) for name in SCHEDULES for causal in (False, True)
+                  if {"shift": False, "symmetric_shift": True}.get(name, causal) == causal]
+SCHEDULE_MASK_IDS = [f"{name}-{'causal' if causal else 'full'}" for name, causal in SCHEDULE_MASKS]
 WATCHDOG_S = 10.0
 
 
@@ -114,9 +120,8 @@ def _wait(stream=None, timeout=WATCHDOG_S):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", HDIMS)
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 @pytest.mark.parametrize("sq,sk", SHAPES)
 @pytest.mark.parametrize("b,h,hk", HEAD_CONFIGS)
 def test_bwd_matches_reference(b, h, hk, sq, sk, schedule, deterministic, causal, d, dtype):
@@ -127,9 +132,8 @@ def test_bwd_matches_reference(b, h, hk, sq, sk, schedule, deterministic, causal
 
 
 @pytest.mark.parametrize("d", HDIMS)
-@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 @pytest.mark.parametrize("sq,sk", BIG_SHAPES)
 def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
     q, k, v, dout, out, lse = _inputs(1, sq, sk, 2, 1, d, torch.bfloat16, causal)
@@ -138,19 +142,56 @@ def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
     _check_grads(q, k, v, dout, grads, causal)
 
 
-def test_unimplemented_schedules_raise():
-    q, k, v, dout, out, lse = _inputs(1, 128, 128, 1, 1, 64, torch.bfloat16, False)
-    for sched in (2, 3):
-        with pytest.raises((ValueError, RuntimeError), match="(?i)shift|schedule"):
-            _bwd(dout, q, k, v, out, lse, False, True, sched)
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False)])
+def test_bwd_schedule_mask_mismatch_raises(schedule, causal, deterministic, d):
+    """shift needs the full mask, symmetric_shift the causal one: the launch template throws std::invalid_argument
+    before launching anything, which the binding maps to ValueError; the outputs stay untouched."""
+    q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, d, torch.bfloat16, causal)
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    with pytest.raises(ValueError, match="needs the (full|causal) mask"):
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, SCHEDULES[schedule])
+    torch.cuda.synchronize()
+    for x in (dq, dk, dv):
+        assert torch.isnan(x).all(), "a kernel ran although the schedule/mask combination was rejected"
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk,b,h,hk,margin", [
+    (1024, 1024, 2, 3, 3, 0), (2048, 2048, 1, 4, 2, 18), (1000, 1000, 2, 2, 1, 54), (1920, 1920, 1, 3, 3, 0),
+    (700, 1300, 2, 3, 3, 0), (128, 4096, 1, 2, 2, 0),
+])
+def test_bwd_all_schedules_agree(sq, sk, b, h, hk, margin, causal, d):
+    """Every schedule applicable to the mask (deterministic) is within tolerance of the reference, and the schedules
+    differ from each other by no more than the reference tolerance (they only reorder fp32 additions)."""
+    q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, torch.bfloat16, causal)
+    ref = _ref_grads(q, k, v, dout, causal, upcast=True)
+    pt = _ref_grads(q, k, v, dout, causal, upcast=False)
+    budget = [2 * (p.float() - r).abs().max().item() + 2 * (r + 0.3 - 0.3 - r).abs().max().item() + 1e-5
+              for r, p in zip(ref, pt)]
+    results = {}
+    for name, c in SCHEDULE_MASKS:
+        if c != causal:
+            continue
+        grads = _bwd(dout, q, k, v, out, lse, causal, True, SCHEDULES[name], sm_margin=margin)
+        _wait()
+        _check_grads(q, k, v, dout, grads, causal)
+        results[name] = grads
+    assert len(results) == 3
+    base = results["ascending"]
+    for name, grads in results.items():
+        for label, x, y, tol in zip(("dq", "dk", "dv"), grads, base, budget):
+            diff = (x.float() - y.float()).abs().max().item()
+            assert diff <= tol, f"{name} vs ascending: {label} differs by {diff:.3e} > {tol:.3e}"
 
 
 def _bits(grads):
     return [g_.view(torch.int16).clone() for g_ in grads]
 
 
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 def test_bwd_bitwise_deterministic(schedule, causal):
     q, k, v, dout, out, lse = _inputs(2, 1024, 1024, 4, 2, 128, torch.bfloat16, causal)
     s = SCHEDULES[schedule]
@@ -163,40 +204,41 @@ def test_bwd_bitwise_deterministic(schedule, causal):
             assert torch.equal(a, g_.view(torch.int16)), f"call {i}: bits differ"
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_bwd_deterministic_with_concurrent_work(schedule):
-    q, k, v, dout, out, lse = _inputs(2, 2048, 2048, 4, 4, 64, torch.bfloat16, True)
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
+def test_bwd_deterministic_with_concurrent_work(schedule, causal):
+    q, k, v, dout, out, lse = _inputs(2, 2048, 2048, 4, 4, 64, torch.bfloat16, causal)
     s = SCHEDULES[schedule]
-    first = _bits(_bwd(dout, q, k, v, out, lse, True, True, s))
+    first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s))
     side = torch.cuda.Stream()
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
     with torch.cuda.stream(side):
         for _ in range(50):
             a = (a @ a).clamp_(-1, 1)
     for i in range(100):
-        got = _bwd(dout, q, k, v, out, lse, True, True, s)
+        got = _bwd(dout, q, k, v, out, lse, causal, True, s)
         for x, g_ in zip(first, got):
             assert torch.equal(x, g_.view(torch.int16)), f"call {i}: bits differ under concurrent work"
     _wait(side, timeout=120)
     _wait(timeout=120)
 
 
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
-def test_bwd_deterministic_cuda_graph(schedule):
+@pytest.mark.parametrize("sq,sk", [(1000, 1500), (1024, 1024)])  # symmetric_shift: descending fallback / pair grid
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
+def test_bwd_deterministic_cuda_graph(schedule, causal, sq, sk):
     import flash_attn_dash  # noqa: F401
 
-    q, k, v, dout, out, lse = _inputs(1, 1000, 1500, 6, 2, 128, torch.bfloat16, True)
+    q, k, v, dout, out, lse = _inputs(1, sq, sk, 6, 2, 128, torch.bfloat16, causal)
     s = SCHEDULES[schedule]
-    first = _bits(_bwd(dout, q, k, v, out, lse, True, True, s, poison=False))
+    first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s, poison=False))
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up on the capture stream
-        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, True, True, s)
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, True, s)
     torch.cuda.current_stream().wait_stream(stream)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, True, True, s)
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, True, s)
     for i in range(50):
         for x in (dq, dk, dv):
             x.fill_(float("nan"))
@@ -211,8 +253,10 @@ def test_bwd_deadlock_sweep(seed):
     rng = random.Random(seed)
     for _ in range(12):
         sq, sk = rng.randint(1, 5000), rng.randint(1, 5000)
+        if rng.random() < 0.35:
+            sq = sk  # symmetric_shift runs on the pair grid only for sq == sk and an even N
         causal = rng.random() < 0.5
-        sched = rng.choice(list(SCHEDULES.values()))
+        sched = SCHEDULES[rng.choice([name for name, c in SCHEDULE_MASKS if c == causal])]
         d = rng.choice(HDIMS)
         hk = rng.choice([1, 2])
         margin = rng.randint(0, 100)
@@ -221,15 +265,22 @@ def test_bwd_deadlock_sweep(seed):
         grads = _bwd(dout, q, k, v, out, lse, causal, det, sched, sm_margin=margin)
         _wait()
         for g_ in grads:
-            assert not torch.isnan(g_).any(), f"NaN/unwritten for sq={sq} sk={sk} causal={causal} margin={margin}"
+            assert not torch.isnan(g_).any(), (f"NaN/unwritten for sq={sq} sk={sk} causal={causal} margin={margin} "
+                                               f"schedule={sched} deterministic={det} d={d} hk={hk}")
 
 
 @pytest.mark.parametrize("d", HDIMS)
-@pytest.mark.parametrize("causal", [False, True])
-@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 @pytest.mark.parametrize("sq,sk,b,h,hk,margin", [
     (1024, 1024, 2, 3, 3, 0), (113, 2000, 1, 4, 2, 17), (2000, 113, 2, 2, 1, 0), (4224, 4224, 1, 2, 2, 100),
     (799, 3, 3, 2, 2, 5),
+    # shift with R > M: a head's 128 K/V tiles in flight over M = 2 (hdim 128) / 1 (hdim 64) Q tiles, G = 132
+    (128, 16384, 1, 2, 2, 0),
+    # the pair grid proper (sq == sk, N even), also as if on 114-SM (margin 18) and 78-SM (margin 54) GPUs, and G = 1
+    (2048, 2048, 2, 8, 2, 0), (2048, 2048, 2, 8, 8, 18), (2048, 2048, 2, 8, 4, 54), (8192, 8192, 1, 4, 4, 0),
+    (4096, 4096, 2, 16, 16, 18), (1024, 1024, 1, 2, 1, 131),
+    # M < N*s (partial last K/V tile; hdim 128: M = 127, N = 64) and odd N (= 15, fallback to descending)
+    (8100, 8100, 1, 2, 2, 0), (1920, 1920, 1, 3, 3, 54),
 ])
 def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
     import numpy as np
@@ -243,12 +294,13 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
     plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk)
+    plan.check()
     expect = plan.trace_array()
     got = trace.cpu().numpy().astype(np.int32)
     assert got.shape == expect.shape
     bad = np.argwhere(got != expect)
-    assert bad.size == 0, f"{len(bad)} trace entries differ, first (b,h,m,pos) {bad[0].tolist()}: " \
-                          f"kernel {got[tuple(bad[0])]} model {expect[tuple(bad[0])]}"
+    assert bad.size == 0, f"{plan!r} ({plan.description}): {len(bad)} trace entries differ, first (b,h,m,pos) " \
+                          f"{bad[0].tolist()}: kernel {got[tuple(bad[0])]} model {expect[tuple(bad[0])]}"
 
 
 def test_bwd_nondeterministic_trace_is_a_permutation():

@@ -1,0 +1,266 @@
+"""The kernel's schedule policies (hopper/bwd_schedule.hpp) compiled as host C++ reproduce the Python model exactly.
+
+The C++ program below walks every CTA of the persistent grid through the same policy calls the kernel roles make
+(first_tile/next_tile/make_ctx/init/num_steps/m_block/rank), after the same host-side decision the launch template makes
+(choose_launch: schedule used and grid size).  Its CTA-major step list (cta, b, h, n, m, rank) must equal the model's
+``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.  CPU only: needs g++ (or c++).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from flash_attn_dash.schedule import build_plan
+
+ROOT = Path(__file__).resolve().parents[1]
+
+MIRROR_CPP = r"""
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+#include "bwd_schedule.hpp"
+
+using namespace flash_dash;
+using namespace flash_dash::bwd;
+
+static std::vector<long long> out;
+
+template <class Policy>
+static void walk(SchedShape const& s) {
+    int const num_tiles = s.num_tiles();
+    for (int cta = 0; cta < s.grid; ++cta) {
+        for (int t = Policy::first_tile(s, cta); t < num_tiles; t = Policy::next_tile(s, t)) {
+            TileCtx const c = Policy::make_ctx(s, t);
+            auto const st = Policy::init(s, c);
+            int const steps = Policy::num_steps(s, c, st);
+            for (int step = 0; step < steps; ++step) {
+                int const m = Policy::m_block(s, c, st, step);
+                int const rank = Policy::rank(s, c, st, m);
+                long long const row[6] = {cta, c.b, c.h, c.n, m, rank};
+                out.insert(out.end(), row, row + 6);
+            }
+        }
+    }
+}
+
+int main() {
+    char mask[16];
+    int sq, sk, bm, bn, batch, heads, num_sms, sched;
+    // one case per line: mask sq sk block_m block_n batch heads num_sms schedule_id
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &num_sms, &sched) == 9) {
+        bool const causal = std::strcmp(mask, "causal") == 0;
+        Schedule const requested = static_cast<Schedule>(sched);
+        if (mask_mismatch(requested, causal) != nullptr) { std::printf("mismatch\n"); continue; }
+        SchedShape s{};
+        s.batch = batch; s.heads = heads; s.heads_k = heads;
+        s.seqlen_q = sq; s.seqlen_k = sk; s.block_m = bm; s.block_n = bn;
+        s.num_m = (sq + bm - 1) / bm; s.num_n = (sk + bn - 1) / bn;
+        s.causal = causal;
+        LaunchChoice const ch = choose_launch(requested, true, causal, sq, sk, bm, bn, s.num_n,
+                                              (long long)batch * heads, num_sms);
+        if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
+        s.grid = ch.grid;
+        out.clear();
+        switch (ch.used) {
+            case Schedule::kAscending: walk<Ascending>(s); break;
+            case Schedule::kDescending: walk<Descending>(s); break;
+            case Schedule::kShift: walk<Shift>(s); break;
+            case Schedule::kSymmetricShift:
+                switch (bn / bm) {
+                    case 1: walk<SymmetricShift<1>>(s); break;
+                    case 2: walk<SymmetricShift<2>>(s); break;
+                    case 3: walk<SymmetricShift<3>>(s); break;
+                    case 4: walk<SymmetricShift<4>>(s); break;
+                    default: std::printf("unsupported s\n"); return 2;
+                }
+                break;
+        }
+        std::printf("%d %d %d %zu\n", int(ch.used), ch.grid, int(ch.pair_grid), out.size() / 6);
+        for (size_t i = 0; i < out.size(); ++i) std::printf("%lld%c", out[i], i + 1 == out.size() ? '\n' : ' ');
+        if (out.empty()) std::printf("\n");
+    }
+    return 0;
+}
+"""
+
+SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
+NAMES = {v: k for k, v in SCHEDULE_IDS.items()}
+GRIDS = (1, 7, 78, 114, 132)
+KERNEL_TILES = ((64, 128), (128, 128))  # hdim 128, hdim 64
+MODEL_TILES = KERNEL_TILES + ((64, 64), (80, 128), (64, 96), (96, 128))
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
+        if name and shutil.which(name):
+            return name
+    return None
+
+
+@pytest.fixture(scope="module")
+def mirror_binary(tmp_path_factory):
+    cxx = _compiler()
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++/c++/clang++)")
+    work = tmp_path_factory.mktemp("mirror")
+    src = work / "mirror.cpp"
+    src.write_text(MIRROR_CPP)
+    exe = work / "mirror"
+    cmd = [cxx, "-std=c++17", "-O1", "-I", str(ROOT / "hopper"), str(src), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0, f"host build of bwd_schedule.hpp failed:\n{res.stderr}"
+    return exe
+
+
+def _run(exe: Path, cases: list[tuple]) -> list:
+    stdin = "".join(f"{m} {sq} {sk} {bm} {bn} {b} {h} {g} {SCHEDULE_IDS[s]}\n" for m, sq, sk, bm, bn, b, h, g, s in cases)
+    res = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.split("\n")
+    results, i = [], 0
+    for _ in cases:
+        head = lines[i].split()
+        i += 1
+        if head[0] in ("mismatch", "toobig"):
+            results.append(head[0])
+            continue
+        used, grid, pair, count = (int(x) for x in head)
+        body = np.array(lines[i].split(), dtype=np.int64).reshape(count, 6) if count else np.zeros((0, 6), np.int64)
+        i += 1
+        results.append((NAMES[used], grid, bool(pair), body))
+    return results
+
+
+def _check(case, got) -> None:
+    mask, sq, sk, bm, bn, batch, heads, num_sms, schedule = case
+    plan = build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule)
+    assert not isinstance(got, str), (case, got)
+    used, grid, pair, body = got
+    assert used == plan.schedule_used, (case, used, plan.schedule_used)
+    assert grid == plan.num_ctas, (case, grid, plan.num_ctas)
+    assert pair == (used == "symmetric_shift")
+    expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
+    assert body.shape == expect.shape, (case, body.shape, expect.shape)
+    if not np.array_equal(body, expect):
+        bad = int(np.argmax((body != expect).any(axis=1)))
+        raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
+                             f"model {expect[bad].tolist()}")
+    # The GPU test compares the trace; the same step list gives the same trace.
+    trace = np.full(plan.shape, -1, dtype=np.int32)
+    trace[body[:, 1], body[:, 2], body[:, 4], body[:, 5]] = body[:, 3]
+    assert np.array_equal(trace, plan.trace_array()), case
+
+
+def _cases_fixed() -> list[tuple]:
+    cases = [
+        # shift: R > M fallback (M = 2, N = 128, G = 132), straddling heads, many rounds
+        ("full", 128, 16384, 64, 128, 1, 2, 132, "shift"),
+        ("full", 256, 16384, 64, 128, 1, 2, 132, "shift"),
+        ("full", 128, 16384, 128, 128, 2, 3, 114, "shift"),
+        ("full", 8192, 8192, 64, 128, 2, 16, 132, "shift"),
+        ("full", 8192, 8192, 64, 128, 2, 16, 114, "shift"),
+        ("full", 8192, 8192, 128, 128, 1, 16, 78, "shift"),
+        ("full", 1000, 3000, 128, 128, 2, 3, 1, "shift"),
+        ("full", 113, 2000, 64, 128, 1, 4, 115, "shift"),
+        ("full", 2000, 113, 64, 128, 2, 2, 132, "shift"),
+        ("full", 5 * 64, 4 * 64, 64, 64, 1, 1, 132, "shift"),
+        # symmetric shift: the pair grid
+        ("causal", 8192, 8192, 64, 128, 2, 16, 132, "symmetric_shift"),
+        ("causal", 8192, 8192, 64, 128, 2, 16, 114, "symmetric_shift"),
+        ("causal", 8192, 8192, 64, 128, 2, 16, 78, "symmetric_shift"),
+        ("causal", 8192, 8192, 128, 128, 2, 32, 132, "symmetric_shift"),
+        ("causal", 1024, 1024, 64, 128, 1, 1, 132, "symmetric_shift"),
+        ("causal", 4224, 4224, 64, 128, 1, 2, 32, "symmetric_shift"),
+        ("causal", 8100, 8100, 64, 128, 1, 2, 132, "symmetric_shift"),  # M = 127 < N*s = 128
+        ("causal", 8100, 8100, 128, 128, 1, 3, 7, "symmetric_shift"),
+        ("causal", 2048, 2048, 64, 128, 3, 5, 1, "symmetric_shift"),
+        ("causal", 1000, 1000, 64, 128, 3, 5, 1, "symmetric_shift"),
+        ("causal", 129, 129, 64, 128, 2, 3, 5, "symmetric_shift"),  # N = 2, M = 3
+        ("causal", 1024, 1024, 64, 128, 2, 8, 78, "symmetric_shift"),
+        # symmetric shift fallbacks (the whole call runs descending)
+        ("causal", 2048, 1024, 64, 128, 1, 3, 78, "symmetric_shift"),  # sq != sk
+        ("causal", 1024, 2048, 64, 128, 2, 3, 132, "symmetric_shift"),
+        ("causal", 1920, 1920, 64, 128, 1, 3, 78, "symmetric_shift"),  # N = 15 odd
+        ("causal", 4224, 4224, 128, 128, 1, 2, 132, "symmetric_shift"),  # N = 33 odd
+        ("causal", 1, 1, 64, 128, 1, 1, 132, "symmetric_shift"),  # N = 1
+        ("causal", 2048, 2048, 64, 96, 1, 3, 78, "symmetric_shift"),  # block_n % block_m
+        ("causal", 2048, 2048, 96, 128, 1, 3, 78, "symmetric_shift"),
+        ("causal", 2000, 900, 64, 128, 1, 3, 114, "symmetric_shift"),
+        # ascending / descending unchanged
+        ("causal", 300, 500, 64, 128, 2, 3, 7, "descending"),
+        ("causal", 2000, 113, 64, 128, 2, 2, 132, "ascending"),
+        ("full", 799, 3, 128, 128, 3, 2, 127, "descending"),
+    ]
+    # Emulated GPUs: sm_margin 18 (114 SMs) and 54 (78 SMs) on a 132-SM H200, and the GPU-test shapes.
+    for margin in (0, 5, 17, 18, 54, 100, 131):
+        g = 132 - margin
+        for bm, bn in KERNEL_TILES:
+            cases.append(("full", 4224, 4224, bm, bn, 1, 2, g, "shift"))
+            cases.append(("full", 1024, 1024, bm, bn, 2, 3, g, "shift"))
+            cases.append(("causal", 4224, 4224, bm, bn, 1, 2, g, "symmetric_shift"))
+            cases.append(("causal", 1024, 1024, bm, bn, 2, 3, g, "symmetric_shift"))
+            cases.append(("causal", 2048, 2048, bm, bn, 2, 4, g, "symmetric_shift"))
+    return cases
+
+
+def _cases_random(count: int, seed: int) -> list[tuple]:
+    rng = random.Random(seed)
+    cases = []
+    for _ in range(count):
+        bm, bn = rng.choice(MODEL_TILES if rng.random() < 0.3 else KERNEL_TILES)
+        batch, heads, grid = rng.randint(1, 3), rng.randint(1, 6), rng.choice(GRIDS + (rng.randint(1, 132),))
+        if rng.random() < 0.5:
+            sq, sk = rng.randint(1, 6000), rng.randint(1, 6000)
+            if rng.random() < 0.15:
+                sq = rng.randint(1, 300)  # R > M territory
+                sk = rng.randint(4000, 20000)
+            cases.append(("full", sq, sk, bm, bn, batch, heads, grid, "shift"))
+        else:
+            r = rng.random()
+            if r < 0.5:
+                sq = sk = 2 * bn * rng.randint(1, 40)  # the symmetric-shift case proper
+            elif r < 0.8:
+                sq = sk = rng.randint(1, 8000)  # partial last tile, odd or even N
+            else:
+                sq, sk = rng.randint(1, 6000), rng.randint(1, 6000)
+            cases.append(("causal", sq, sk, bm, bn, batch, heads, grid, "symmetric_shift"))
+    return cases
+
+
+def test_mirror_fixed_shapes(mirror_binary):
+    cases = _cases_fixed()
+    for case, got in zip(cases, _run(mirror_binary, cases)):
+        _check(case, got)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_mirror_random_shapes(mirror_binary, seed):
+    cases = _cases_random(20, seed)
+    for case, got in zip(cases, _run(mirror_binary, cases)):
+        _check(case, got)
+
+
+def test_mirror_all_schedules_small(mirror_binary):
+    """Every applicable schedule on small shapes and every grid size (incl. G > #tiles)."""
+    cases = []
+    for mask, sq, sk in (("full", 333, 777, ), ("full", 64, 64), ("causal", 512, 512), ("causal", 640, 640),
+                         ("causal", 700, 300)):
+        for bm, bn in KERNEL_TILES:
+            for g in (1, 2, 3, 5, 7, 13, 78, 114, 132, 1000):
+                for schedule in ("ascending", "descending", "shift" if mask == "full" else "symmetric_shift"):
+                    cases.append((mask, sq, sk, bm, bn, 2, 3, g, schedule))
+    for case, got in zip(cases, _run(mirror_binary, cases)):
+        _check(case, got)
+
+
+def test_mirror_mask_mismatch_rejected(mirror_binary):
+    cases = [("causal", 256, 256, 64, 128, 1, 1, 132, "shift"), ("full", 256, 256, 64, 128, 1, 1, 132,
+                                                                   "symmetric_shift")]
+    assert _run(mirror_binary, cases) == ["mismatch", "mismatch"]
