@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU-machine session in one call: build, GPU tests, compute-sanitizer, benchmarks, forward variants.
+# One GPU-machine session in one call: build, GPU tests, benchmarks, compute-sanitizer, forward variants
+# (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]     steps: build tests sanitize bench variants (default: all)
 #
@@ -17,6 +18,8 @@ mkdir -p "$LOG"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 summary=()
+# Re-packed after every step so a call cut short by its time limit still brings back what ran.
+pack() { tar -cf "$OUTDIR/logs.tar" -C "$OUTDIR" logs; printf '%s\n' "${summary[@]}" > "$OUTDIR/summary.txt"; }
 
 build() {  # build [env...]: pip install the extension against the installed torch
   env "$@" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$LOG/build-$BUILD_TAG.log" 2>&1
@@ -26,23 +29,27 @@ if has build; then
   BUILD_TAG=default; SECONDS=0
   build || { grep -E "error" "$LOG/build-default.log" | head -30; exit 1; }
   summary+=("build: ${SECONDS}s")
+  pack
 fi
 if has tests; then
   for t in test_api_gpu test_fwd_gpu test_bwd_gpu; do
     timeout 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 "tests/$t.py" > "$LOG/$t.log" 2>&1
     summary+=("$t: $(tail -1 "$LOG/$t.log")")
-  done
-fi
-if has sanitize; then
-  for tool in racecheck synccheck; do
-    timeout 150 compute-sanitizer --tool "$tool" python3 tests/sanitize_bwd.py > "$LOG/sanitize-$tool.log" 2>&1
-    summary+=("sanitize $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$tool.log" | tail -1)")
+    pack
   done
 fi
 if has bench; then
   timeout 300 make bench-quick PYTHON=python3 > "$LOG/bench.log" 2>&1
   summary+=("bench-quick rc $?")
   tar -cf "$OUTDIR/results.tar" benchmarks/results
+  pack
+fi
+if has sanitize; then
+  for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
+    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 tests/sanitize_bwd.py > "$LOG/sanitize-$tool.log" 2>&1
+    summary+=("sanitize $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$tool.log" | tail -1)")
+    pack
+  done
 fi
 if has variants; then
   for dir in .prebuilt/*/; do
@@ -53,7 +60,8 @@ if has variants; then
     summary+=("variant $name ($(cat "$dir/flags.txt")): tests $(tail -1 "$LOG/fwd-$name.log")")
     timeout 120 python3 benchmarks/fwd_variants.py "$name" --json "$LOG/fwd-$name.json" > "$LOG/probe-$name.txt" 2>&1
     cat "$LOG/probe-$name.txt"
+    pack
   done
 fi
-tar -cf "$OUTDIR/logs.tar" -C "$OUTDIR" logs && rm -rf "$LOG"
-printf '%s\n' "${summary[@]}"
+pack && rm -rf "$LOG"
+cat "$OUTDIR/summary.txt"

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .ops import KERNEL_SCHEDULES, grid_size, resolve_schedule
+from .ops import grid_size, resolve_schedule
 
 
 def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
@@ -84,11 +84,6 @@ def flash_attn_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = checks.check_tensors(q, k, v)
-    if q.is_cuda and deterministic and schedule not in ("auto",) + KERNEL_SCHEDULES:
-        raise NotImplementedError(
-            f"schedule={schedule!r} is modelled by `flash-attn-dash plan` but not yet implemented in the "
-            f"kernels; use one of {('auto',) + KERNEL_SCHEDULES}"
-        )
     scale = _default_scale(shape.head_dim, softmax_scale)
     out, lse = _FlashAttnFunc.apply(q, k, v, scale, causal, deterministic, schedule, sm_margin)
     return (out, lse) if return_lse else out

@@ -13,8 +13,8 @@ from . import _ext, checks
 from .reference import attention_ref, attention_ref_bwd
 
 SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
-# Orders the compiled backward implements today; the planner models all of checks.SCHEDULES.
-KERNEL_SCHEDULES = ("ascending", "descending")
+# Orders the compiled backward implements (hopper/bwd_schedule.hpp), the same the planner models.
+KERNEL_SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
 
 
 def resolve_schedule(
