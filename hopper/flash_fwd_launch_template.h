@@ -22,7 +22,7 @@ namespace flash_dash {
 // Compile-time variant knobs (all default to the production configuration). Set them with
 // NVCC_APPEND_FLAGS='-DNAME=VALUE ...' when building; each applies to every forward TU.
 //   FLASH_DASH_FWD_HDIM{64,128}_BLOCK_M    query rows per tile: 128 (2 consumer WGs, 240 regs)
-//                                          or 192 (3 consumer WGs, 160 regs)
+//                                          or 192 (3 consumer WGs, 160 regs); defaults 192 / 128
 //   FLASH_DASH_FWD_HDIM{64,128}_BLOCK_N    keys per K/V block; not a base GMMA N (64/96/128/192/256)
 //                                          -> the instantiation TU turns on the extended shapes
 //   FLASH_DASH_FWD_HDIM{64,128}_STAGES     K/V smem stages
@@ -30,14 +30,16 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES}
 //                                          the same for causal calls (default: the non-causal value;
 //                                          a different value instantiates a second kernel)
-//   FLASH_DASH_FWD_RESCALE_SKIP=1          skip O *= exp2(m_old - m_new) when no row of the warp
-//                                          changed its max (bitwise identical results)
+//   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
+//                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
 //   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
 //                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------
+// Defaults measured on the H200 (benchmarks/results/NOTES.md, 2026-11-30): hdim 64 takes 192-row tiles
+// (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop).
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
-#define FLASH_DASH_FWD_HDIM64_BLOCK_M 128
+#define FLASH_DASH_FWD_HDIM64_BLOCK_M 192
 #endif
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_N
 #define FLASH_DASH_FWD_HDIM64_BLOCK_N 128

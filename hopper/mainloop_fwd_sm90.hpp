@@ -1,6 +1,11 @@
 // Forward mainloop: TMA producer (one thread) and the WGMMA/softmax consumer warpgroups.
 #pragma once
 
+// Skip O *= exp2(m_old - m_new) when no row of the warp moved its max (default on; =0 to disable).
+#ifndef FLASH_DASH_FWD_RESCALE_SKIP
+#define FLASH_DASH_FWD_RESCALE_SKIP 1
+#endif
+
 #include <cmath>
 #include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
@@ -227,7 +232,7 @@ struct FwdMainloopSm90 {
             warpgroup_fence_operand(rP);
             pipe_v.consumer_release(st_v);
             ++st_v;
-#if defined(FLASH_DASH_FWD_RESCALE_SKIP) && FLASH_DASH_FWD_RESCALE_SKIP
+#if FLASH_DASH_FWD_RESCALE_SKIP
             // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps
             // the branch warp-uniform.
             bool moved = false;

@@ -333,3 +333,14 @@ def test_auto_respects_allowed_schedules():
     assert free == "symmetric_shift"
     name, reason = choose_schedule("causal", 128, 8192, 8192, 2, 16, 132, allowed=("ascending", "descending"))
     assert name in ("ascending", "descending") and name in reason
+
+
+def test_measured_preferences_override_the_model_tie_rule():
+    from flash_attn_dash.schedule.auto import MEASURED_PREFERENCES, choose_schedule
+
+    assert MEASURED_PREFERENCES, "the committed measurements must be wired in"
+    name, reason = choose_schedule("full", 64, 8192, 8192, 2, 32, 132)
+    assert name == "shift" and "measured" in reason and "attn-quick.json" in reason
+    # outside the measured range the model decides again
+    name, reason = choose_schedule("full", 64, 16384, 16384, 1, 32, 132)
+    assert "measured" not in reason

@@ -37,8 +37,15 @@ class MeasuredPreference:
     source: str
 
 
-# Filled from benchmarks on our H200 once the kernels exist; empty means "trust the model".
-MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = ()
+# Measured on our H200 where the model's tie rule would pick otherwise (it predicts shift within 1% of
+# ascending at 8k, the kernels measure it 2-12% faster). Outside these ranges the model decides.
+_QUICK_0219 = "benchmarks/results/2026-11-30-0219-attn-quick.json"
+MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
+    MeasuredPreference("full", 64, 2048, 8192, "shift",
+                       f"{_QUICK_0219}: shift 434/516 vs ascending 333/462 TFLOP/s at 2k/8k"),
+    MeasuredPreference("full", 128, 2048, 8192, "shift",
+                       f"{_QUICK_0219}: shift 446/560 vs ascending 403/550 TFLOP/s at 2k/8k"),
+)
 
 
 @dataclass(frozen=True)
