@@ -138,8 +138,10 @@ struct StaticPersistentGrid {
     FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
 };
 
-struct Ascending : StaticPersistentGrid {
-    static constexpr const char* kName = "ascending";
+// Every visible Q tile of the K/V tile once, rank = n; Ascending and Descending differ only in direction.
+template <bool kDescending>
+struct MonotoneWalk : StaticPersistentGrid {
+    static constexpr const char* kName = kDescending ? "descending" : "ascending";
     static constexpr int kMask = kAnyMask;
     struct State {};
     FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
@@ -147,28 +149,15 @@ struct Ascending : StaticPersistentGrid {
         return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
     }
     FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const&, int step) {
-        return c.m_min + step;
+        return kDescending ? c.m_end - 1 - step : c.m_min + step;
     }
     FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const&, int m) {
         return rank_naive(s, c, m);
     }
 };
 
-struct Descending : StaticPersistentGrid {
-    static constexpr const char* kName = "descending";
-    static constexpr int kMask = kAnyMask;
-    struct State {};
-    FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
-    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
-        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
-    }
-    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const&, int step) {
-        return c.m_end - 1 - step;
-    }
-    FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const&, int m) {
-        return rank_naive(s, c, m);
-    }
-};
+struct Ascending : MonotoneWalk<false> {};
+struct Descending : MonotoneWalk<true> {};
 
 // Shift (full mask only), static persistent grid. Per (head, round) group: R = running, F = finished,
 // slot k = n - F. If R <= M the tile visits m = (k + i) mod M, i = 0..M-1, with

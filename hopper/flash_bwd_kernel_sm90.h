@@ -257,9 +257,9 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
                     Tensor tdPacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
                     pipeline_q.consumer_wait(pipe_read);
-                    gemm_issue<true, false>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
+                    wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
                     pipeline_do.consumer_wait(pipe_read);
-                    gemm_issue<true, false>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
+                    wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
                     warpgroup_wait<1>();
                     float const* slse = &ss.smem_lse[s * kBlockM];
                     bool const need_mask = (m_base + kBlockM > sched.seqlen_q) || (n_base + kBlockN > sched.seqlen_k) ||
@@ -284,19 +284,21 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     for (int i = 0; i < size(tdPacc); ++i) {
                         tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
                     }
-                    Tensor rP = convert_frag<Element>(tSacc);
-                    Tensor rdS = convert_frag<Element>(tdPacc);
+                    Tensor rP = make_tensor_like<Element>(tSacc);
+                    Tensor rdS = make_tensor_like<Element>(tdPacc);
+                    convert_fragment(tSacc, rP);
+                    convert_fragment(tdPacc, rdS);
                     // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
                     copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
                     cutlass::arch::fence_view_async_shared();
                     cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
 
-                    Tensor tdVrP = make_tensor(rP.data(), acc_to_Aregs_layout(rP.layout()));
-                    Tensor tdKrdS = make_tensor(rdS.data(), acc_to_Aregs_layout(rdS.layout()));
-                    gemm_issue<false, true>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
+                    Tensor tdVrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
+                    Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_to_a_operand(rdS.layout()));
+                    wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
                     Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
-                    gemm_issue<true, false>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
-                    gemm_issue<false, true>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                    wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
+                    wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
                     warpgroup_wait<1>();  // dV and dQ retired
                     pipeline_do.consumer_release(pipe_read);
                     // Hand the dQ tile to the store warp (accumulator order, float4 per thread).

@@ -1,4 +1,4 @@
-// Backward kernel traits (tile shapes, MMAs, smem layouts, shared storage) and GEMM helpers.
+// Backward kernel traits (tile shapes, MMAs, smem layouts, shared storage); GEMM helpers are in utils.hpp.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_atom.hpp>
@@ -13,6 +13,8 @@
 #include <cutlass/pipeline/pipeline.hpp>
 #include <cutlass/arch/barrier.h>
 #include <cutlass/arch/reg_reconfig.h>
+
+#include "utils.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -98,40 +100,6 @@ struct BwdTraits {
     static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
     static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
 };
-
-// acc ((2,2,N/8), MMA_M, MMA_N) -> RS A operand ((2,2,2), MMA_M, N/16 * MMA_N)  (API map §3).
-template <class Layout>
-CUTLASS_DEVICE auto acc_to_Aregs_layout(Layout l) {
-    auto d = logical_divide(get<0, 2>(l), Tile<_2>{});
-    return make_layout(make_layout(get<0, 0>(l), get<0, 1>(l), get<0, 0>(d)), get<1>(l),
-                       coalesce(make_layout(get<0, 1>(d), get<2>(l))));
-}
-
-template <class To, class Engine, class Layout>
-CUTLASS_DEVICE auto convert_frag(Tensor<Engine, Layout> const& t) {
-    using From = typename Engine::value_type;
-    constexpr int numel = decltype(size(t))::value;
-    cutlass::NumericArrayConverter<To, From, numel> op;
-    auto frag = op(*reinterpret_cast<cutlass::Array<From, numel> const*>(t.data()));
-    return make_tensor(make_rmem_ptr<To>(&frag), t.layout());
-}
-
-// Issues one (K-looped) wgmma batch and commits it; the caller waits with warpgroup_wait<N>.
-template <bool ZeroInit, bool kIsRS, class TiledMma, class TA, class TB, class TC>
-CUTLASS_DEVICE void gemm_issue(TiledMma& mma, TA const& tA, TB const& tB, TC& tC) {
-    if constexpr (kIsRS) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
-    warpgroup_fence_operand(tC);
-    warpgroup_arrive();
-    if constexpr (ZeroInit) { mma.accumulate_ = GMMA::ScaleOut::Zero; }
-    CUTLASS_PRAGMA_UNROLL
-    for (int k = 0; k < size<2>(tA); ++k) {
-        cute::gemm(mma, tA(_, _, k), tB(_, _, k), tC);
-        mma.accumulate_ = GMMA::ScaleOut::One;
-    }
-    warpgroup_commit_batch();
-    warpgroup_fence_operand(tC);
-    if constexpr (kIsRS) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
-}
 
 }  // namespace bwd
 }  // namespace flash_dash
