@@ -53,26 +53,18 @@ t0=$(date +%s)
 note() { echo "=== run_bench.sh [$(( $(date +%s) - t0 ))s] $*"; }
 
 JSONS=()
-if [ "$DO_ATTN" = 1 ]; then
-  note "bench_attn.py $QFLAG ${ATTN_ARGS:-} -> $ATTN_JSON"
+run_one() {  # run_one SCRIPT JSON EXTRA_ARGS: one benchmark; exit 2 (no CUDA) stops everything
+  note "$1 $QFLAG $3 -> $2"
   # shellcheck disable=SC2086
-  "$PY" benchmarks/bench_attn.py $QFLAG ${ATTN_ARGS:-} --json "$ATTN_JSON"
-  r=$?
-  note "bench_attn.py exit code $r"
+  "$PY" "benchmarks/$1" $QFLAG $3 --json "$2"
+  local r=$?
+  note "$1 exit code $r"
   if [ "$r" = 2 ]; then exit 2; fi
   [ "$rc" = 0 ] && rc=$r
-  [ -f "$ATTN_JSON" ] && JSONS+=("$ATTN_JSON")
-fi
-if [ "$DO_BLOCK" = 1 ]; then
-  note "bench_block.py $QFLAG ${BLOCK_ARGS:-} -> $BLOCK_JSON"
-  # shellcheck disable=SC2086
-  "$PY" benchmarks/bench_block.py $QFLAG ${BLOCK_ARGS:-} --json "$BLOCK_JSON"
-  r=$?
-  note "bench_block.py exit code $r"
-  if [ "$r" = 2 ]; then exit 2; fi
-  [ "$rc" = 0 ] && rc=$r
-  [ -f "$BLOCK_JSON" ] && JSONS+=("$BLOCK_JSON")
-fi
+  [ -f "$2" ] && JSONS+=("$2")
+}
+[ "$DO_ATTN" = 1 ] && run_one bench_attn.py "$ATTN_JSON" "${ATTN_ARGS:-}"
+[ "$DO_BLOCK" = 1 ] && run_one bench_block.py "$BLOCK_JSON" "${BLOCK_ARGS:-}"
 if [ "${#JSONS[@]}" = 0 ]; then
   note "no results to plot"
   exit $(( rc == 0 ? 1 : rc ))
