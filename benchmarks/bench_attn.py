@@ -445,33 +445,11 @@ def main(argv=None) -> int:
     bc.log(f"{len(grid)} shapes x {len(impls)} impls, iters={args.iters} warmup={args.warmup} "
            f"sets={args.sets} repeats={args.repeats} budget={args.budget_s}")
     budget = bc.Budget(args.budget_s)
-    runner = None
-
-    def on_timeout(label):
-        r = dict(runner.current) if runner and runner.current else dict(impl="?", hdim=0,
-                                                                         mask="?", seqlen=0)
-        r.update(status="timeout", reason=f"watchdog: row exceeded {args.row_timeout:.0f}s "
-                 "(hung kernel?)", wall_s=args.row_timeout)
-        writer.add(bc.clean_floats(r))
-        writer.finish(False, f"watchdog timeout in {label}")
-        print(summary_text(writer.rows), flush=True)
-
-    watchdog = bc.Watchdog(args.row_timeout, on_timeout)
-    runner = Runner(args, writer, watchdog, budget)
-    try:
-        runner.run(grid, impls)
-    except KeyboardInterrupt:
-        writer.finish(False, "interrupted")
-        print(summary_text(writer.rows))
-        return 1
-    watchdog.stop()
+    _, code = bc.run_rows(lambda wd: Runner(args, writer, wd, budget), (grid, impls), writer, args, budget,
+                          summary_text, dict(impl="?", hdim=0, mask="?", seqlen=0), " (hung kernel?)")
+    if code is not None:
+        return code
     rows = writer.rows
-    writer.finish(runner.fatal is None, runner.fatal)
-    print(summary_text(rows))
-    bc.log(f"\nwall time {budget.elapsed():.0f}s" + (f"; JSON: {args.json}" if args.json else ""))
-    if runner.fatal:
-        bc.log(f"ABORTED: {runner.fatal}")
-        return 3
     if args.strict:
         bad = [r for r in rows if r["status"] in ("error", "oom", "timeout") or bc.check_failed(r)
                or (r.get("deterministic") and r.get("bitwise_repeat") is False)]

@@ -463,31 +463,10 @@ def main(argv=None) -> int:
            f"CUDA {meta.get('cuda')}, commit {(meta.get('git_commit') or '?')[:12]}; "
            f"flash_attn_dash kernels={meta.get('flash_attn_dash_kernels')}")
     budget = bc.Budget(args.budget_s)
-    runner = None
-
-    def on_timeout(label):
-        r = dict(runner.current) if runner and runner.current else dict(model="?", seqlen=0,
-                                                                         impl="?")
-        r.update(status="timeout", reason=f"watchdog: row exceeded {args.row_timeout:.0f}s")
-        writer.add(bc.clean_floats(r))
-        writer.finish(False, f"watchdog timeout in {label}")
-        print(summary_text(writer.rows), flush=True)
-
-    watchdog = bc.Watchdog(args.row_timeout, on_timeout)
-    runner = BlockRunner(args, writer, watchdog, budget)
-    try:
-        runner.run(shapes, impls)
-    except KeyboardInterrupt:
-        writer.finish(False, "interrupted")
-        print(summary_text(writer.rows))
-        return 1
-    watchdog.stop()
-    writer.finish(runner.fatal is None, runner.fatal)
-    print(summary_text(writer.rows))
-    bc.log(f"\nwall time {budget.elapsed():.0f}s" + (f"; JSON: {args.json}" if args.json else ""))
-    if runner.fatal:
-        bc.log(f"ABORTED: {runner.fatal}")
-        return 3
+    _, code = bc.run_rows(lambda wd: BlockRunner(args, writer, wd, budget), (shapes, impls), writer, args,
+                          budget, summary_text, dict(model="?", seqlen=0, impl="?"))
+    if code is not None:
+        return code
     if args.strict and any(r["status"] in ("error", "oom", "timeout") or (
             r.get("deterministic") and r.get("bitwise_repeat") is False) for r in writer.rows):
         return 1

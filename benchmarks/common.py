@@ -830,3 +830,38 @@ def determinism_tax(group: dict, seqlen: int, pass_: str = "bwd") -> Optional[fl
     if d is None or n is None or n[0] <= 0:
         return None
     return 1.0 - d[0] / n[0]
+
+
+def run_rows(make_runner, work, writer, args, budget, summary_text, placeholder: dict,
+             hang_hint: str = "") -> "tuple[object, int | None]":
+    """Run a benchmark's rows under the hang watchdog, then finish the JSON and print the summary.
+
+    make_runner(watchdog) builds the runner (it has .run(*work), .current and .fatal). Returns
+    (runner, exit code) where the code is 1 on Ctrl-C, 3 on an aborted run and None otherwise.
+    """
+    runner = None
+
+    def on_timeout(label):
+        r = dict(runner.current) if runner and runner.current else dict(placeholder)
+        r.update(status="timeout", reason=f"watchdog: row exceeded {args.row_timeout:.0f}s{hang_hint}",
+                 wall_s=args.row_timeout)
+        writer.add(clean_floats(r))
+        writer.finish(False, f"watchdog timeout in {label}")
+        print(summary_text(writer.rows), flush=True)
+
+    watchdog = Watchdog(args.row_timeout, on_timeout)
+    runner = make_runner(watchdog)
+    try:
+        runner.run(*work)
+    except KeyboardInterrupt:
+        writer.finish(False, "interrupted")
+        print(summary_text(writer.rows))
+        return runner, 1
+    watchdog.stop()
+    writer.finish(runner.fatal is None, runner.fatal)
+    print(summary_text(writer.rows))
+    log(f"\nwall time {budget.elapsed():.0f}s" + (f"; JSON: {args.json}" if args.json else ""))
+    if runner.fatal:
+        log(f"ABORTED: {runner.fatal}")
+        return runner, 3
+    return runner, None
