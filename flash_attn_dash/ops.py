@@ -20,12 +20,22 @@ KERNEL_SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
 def resolve_schedule(
     schedule: str, causal: bool, deterministic: bool, q_shape, seqlen_k: int, num_sms: int
 ) -> str:
-    """The concrete dQ order for a backward call ("auto" asks the schedule model).
+    """The dQ order a backward call runs ("auto" asks the schedule model).
 
-    Non-deterministic backwards walk Q tiles ascending with unordered adds, reported as "ascending".
+    Non-deterministic backwards walk Q tiles ascending with unordered adds, reported as "ascending";
+    symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd K/V tile count) runs "descending".
+    ``shift`` stays "shift": only (head, wave) groups with more K/V tiles in flight than Q tiles fall back.
     """
     if not deterministic:
         return "ascending"
+    if schedule == "symmetric_shift":
+        from .schedule.orders import symmetric_shift_fallback
+        from .schedule.tiles import TileGrid, bwd_tile_shape
+
+        block_m, block_n = bwd_tile_shape(q_shape[3], causal)
+        grid = TileGrid("causal" if causal else "full", q_shape[1], seqlen_k, block_m, block_n)
+        # The kernel's launcher applies the same rule (hopper/bwd_schedule.hpp, choose_launch).
+        return "descending" if symmetric_shift_fallback(grid) else schedule
     if schedule != "auto":
         return schedule
     from .schedule.auto import choose_schedule

@@ -86,3 +86,14 @@ def test_cuda_tensors_without_kernels_give_clear_error():
         pytest.skip("extension present")
     with pytest.raises(RuntimeError, match="installed without its CUDA kernels"):
         ext.require_kernels()
+
+
+def test_backward_schedule_used_reports_the_order_that_runs():
+    from flash_attn_dash import backward_schedule_used
+
+    q = torch.empty(1, 4096, 8, 128)
+    assert backward_schedule_used(q, q, causal=True, schedule="symmetric_shift") == "symmetric_shift"
+    k = torch.empty(1, 3000, 8, 128)  # seqlen_q != seqlen_k: symmetric_shift falls back
+    assert backward_schedule_used(q, k, causal=True, schedule="symmetric_shift") == "descending"
+    assert backward_schedule_used(q, q, causal=True, deterministic=False) == "ascending"
+    assert backward_schedule_used(q, q, causal=False, schedule="shift") == "shift"
