@@ -336,12 +336,7 @@ class BlockRunner:
             stage = None
         except Exception as e:  # noqa: BLE001
             failed = True
-            if impl.family == "dash" and isinstance(e, ValueError):
-                row.update(status="skipped", reason=f"ValueError at {stage}: {e}", stage=stage)
-            else:
-                row.update(status="oom" if bc.is_oom(e) else "error",
-                           reason=f"{type(e).__name__}: {e}"[:1000], stage=stage,
-                           traceback=bc.short_tb(e))
+            bc.record_failure(row, impl, e, stage)
         finally:
             self.watchdog.disarm()
             row["wall_s"] = round(time.monotonic() - t0, 2)

@@ -463,6 +463,15 @@ def cuda_healthy() -> Optional[str]:
         return f"{type(e).__name__}: {e}"
 
 
+def record_failure(row: dict, impl: "Impl", e: BaseException, stage: Optional[str]) -> None:
+    """Mark a row that raised: our ValueErrors (a schedule or shape we reject) are skips, the rest errors."""
+    if impl.family == "dash" and isinstance(e, ValueError):
+        row.update(status="skipped", reason=f"ValueError at {stage}: {e}", stage=stage)
+    else:
+        row.update(status="oom" if is_oom(e) else "error", reason=f"{type(e).__name__}: {e}"[:1000],
+                   stage=stage, traceback=short_tb(e))
+
+
 def is_oom(e: BaseException) -> bool:
     try:
         import torch
