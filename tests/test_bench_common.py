@@ -513,3 +513,12 @@ def test_readme_section_uses_only_the_named_run(tmp_path):
     assert "| 128 | causal | ours non-det | – |" in text
     assert "_491_" in text  # reference best deterministic, hdim 128 causal 8k
     assert "commit abcdef1" in text
+
+
+def test_record_failure_skips_our_value_errors_and_records_the_rest():
+    row = {}
+    bc.record_failure(row, bc.IMPLS["dash-det-shift"], ValueError("schedule='shift' is defined for full masks"), "fwd")
+    assert row["status"] == "skipped" and "full masks" in row["reason"] and row["stage"] == "fwd"
+    row = {}
+    bc.record_failure(row, bc.IMPLS["sdpa-cudnn"], ValueError("no kernel"), "bwd")
+    assert row["status"] == "error" and row["reason"].startswith("ValueError") and "traceback" in row
