@@ -307,10 +307,7 @@ class Runner:
         if failed:  # outside the except block: the traceback no longer pins tensors
             outs = out = first = g = None
             bc.free_cuda()
-            bad = bc.cuda_healthy()
-            if bad:
-                self.fatal = f"CUDA context unusable after {impl.key} {shape_str(sh)}: {bad}"
-                row["reason"] = (row["reason"] or "") + f" | {self.fatal}"
+            self.fatal = bc.fatal_if_context_broken(row, f"{impl.key} {shape_str(sh)}")
         return row
 
     # ------------------------------------------------------------------ grid

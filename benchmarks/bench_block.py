@@ -344,10 +344,7 @@ class BlockRunner:
         first = g = out0 = None  # noqa: F841
         bc.free_cuda()
         if failed:
-            bad = bc.cuda_healthy()
-            if bad:
-                self.fatal = f"CUDA context unusable after {model} s={seqlen} {impl.key}: {bad}"
-                row["reason"] = (row["reason"] or "") + f" | {self.fatal}"
+            self.fatal = bc.fatal_if_context_broken(row, f"{model} s={seqlen} {impl.key}")
         return row
 
     def run(self, shapes, impls):

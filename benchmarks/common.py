@@ -472,6 +472,16 @@ def record_failure(row: dict, impl: "Impl", e: BaseException, stage: Optional[st
                    stage=stage, traceback=short_tb(e))
 
 
+def fatal_if_context_broken(row: dict, label: str) -> Optional[str]:
+    """After a failed row: if the CUDA context is unusable, say so in the row and return the reason."""
+    bad = cuda_healthy()
+    if not bad:
+        return None
+    fatal = f"CUDA context unusable after {label}: {bad}"
+    row["reason"] = (row["reason"] or "") + f" | {fatal}"
+    return fatal
+
+
 def is_oom(e: BaseException) -> bool:
     try:
         import torch

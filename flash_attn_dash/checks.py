@@ -75,7 +75,7 @@ def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnShap
             raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
     allowed = KERNEL_DTYPES if q.is_cuda else REFERENCE_DTYPES
     if q.dtype not in allowed:
-        names = ", ".join(str(d).replace("torch.", "torch.") for d in allowed)
+        names = ", ".join(str(d) for d in allowed)
         raise TypeError(f"q.dtype must be one of {names} on {q.device.type}, got {q.dtype}")
     b, sq, h, d = q.shape
     bk, sk, hk, dk = k.shape

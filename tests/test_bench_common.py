@@ -522,3 +522,12 @@ def test_record_failure_skips_our_value_errors_and_records_the_rest():
     row = {}
     bc.record_failure(row, bc.IMPLS["sdpa-cudnn"], ValueError("no kernel"), "bwd")
     assert row["status"] == "error" and row["reason"].startswith("ValueError") and "traceback" in row
+
+
+def test_fatal_if_context_broken(monkeypatch):
+    row = {"reason": "RuntimeError: boom"}
+    monkeypatch.setattr(bc, "cuda_healthy", lambda: None)
+    assert bc.fatal_if_context_broken(row, "dash 2k") is None and row["reason"] == "RuntimeError: boom"
+    monkeypatch.setattr(bc, "cuda_healthy", lambda: "illegal address")
+    fatal = bc.fatal_if_context_broken(row, "dash 2k")
+    assert fatal == "CUDA context unusable after dash 2k: illegal address" and row["reason"].endswith(fatal)
