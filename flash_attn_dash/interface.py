@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from . import checks
-from .ops import grid_size, resolve_schedule
+from .ops import resolve_schedule
 
 
 def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
@@ -26,7 +26,7 @@ def backward_schedule_used(
     on CPU tensors (reference path) it reports what an H200's 132 SMs would use.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
-    num_sms = grid_size(q.device, sm_margin) if q.is_cuda else 132 - sm_margin
+    num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else 132 - sm_margin
     return resolve_schedule(schedule, causal, deterministic, tuple(q.shape), k.shape[1], num_sms)
 
 

@@ -47,10 +47,6 @@ def resolve_schedule(
     return name
 
 
-def grid_size(device: torch.device, sm_margin: int) -> int:
-    """Persistent grid of the backward: the device's SM count minus sm_margin."""
-    return torch.cuda.get_device_properties(device).multi_processor_count - sm_margin
-
 torch.library.define(
     "flash_attn_dash::fwd_out",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, bool causal, "
@@ -125,7 +121,8 @@ def bwd(
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], grid_size(q.device, sm_margin))
+    num_sms = checks.check_sm_margin(sm_margin, q.device)
+    used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
     torch.ops.flash_attn_dash.bwd_out(
         dout, q, k, v, out, lse, dq, dk, dv, None, softmax_scale, causal, deterministic, SCHEDULE_IDS[used], sm_margin
     )
