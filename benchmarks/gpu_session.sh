@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# One GPU-machine session in one call: build, GPU tests, benchmarks, compute-sanitizer, forward variants
+# One GPU-machine session in one call: build, GPU tests, compute-sanitizer, benchmarks, forward variants
 # (in that order, most important first).
 #
-#   benchmarks/gpu_session.sh OUTDIR [steps...]     steps: build tests sanitize bench variants (default: all)
+#   benchmarks/gpu_session.sh OUTDIR [steps...]
+#   steps: build tests sanitize bench (quick) bench-attn bench-block variants (default: build tests sanitize bench variants)
 #
 # Forward variants: every folder .prebuilt/<name>/ holding `make kernels` objects (built with the
 # NVCC_APPEND_FLAGS recorded in its flags.txt) is linked in turn with FLASH_DASH_PASSES=fwd and probed
@@ -38,12 +39,6 @@ if has tests; then
     pack
   done
 fi
-if has bench; then
-  timeout 300 make bench-quick PYTHON=python3 > "$LOG/bench.log" 2>&1
-  summary+=("bench-quick rc $?")
-  tar -cf "$OUTDIR/results.tar" benchmarks/results
-  pack
-fi
 if has sanitize; then
   for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
     timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 tests/sanitize_bwd.py > "$LOG/sanitize-$tool.log" 2>&1
@@ -51,6 +46,16 @@ if has sanitize; then
     pack
   done
 fi
+bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/results, packed at once
+  local tag=$1 limit=$2; shift 2
+  timeout "$limit" env PYTHON=python3 benchmarks/run_bench.sh "$@" benchmarks/results > "$LOG/$tag.log" 2>&1
+  summary+=("$tag rc $?")
+  tar -cf "$OUTDIR/results.tar" benchmarks/results
+  pack
+}
+has bench && bench bench-quick 300 --quick
+has bench-attn && bench bench-attn 400 --attn-only     # the whole DASH grid (512..16k)
+has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
 if has variants; then
   for dir in .prebuilt/*/; do
     name=$(basename "$dir")

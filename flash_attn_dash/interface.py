@@ -21,7 +21,8 @@ def backward_schedule_used(
 ) -> str:
     """The dQ accumulation order the backward of ``flash_attn_func`` will use for these arguments.
 
-    Non-deterministic backwards walk Q tiles in ascending order with unordered adds ("ascending").
+    Non-deterministic backwards add dQ in no fixed order; they walk "symmetric_shift" (causal masks where it
+    applies: same work per CTA) or "ascending", whatever ``schedule`` says.
     ``auto`` asks the schedule model (flash_attn_dash.schedule) for the fastest order the kernels implement;
     on CPU tensors (reference path) it reports what an H200's 132 SMs would use.
     """

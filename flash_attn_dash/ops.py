@@ -22,20 +22,24 @@ def resolve_schedule(
 ) -> str:
     """The dQ order a backward call runs ("auto" asks the schedule model).
 
-    Non-deterministic backwards walk Q tiles ascending with unordered adds, reported as "ascending";
-    symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd K/V tile count) runs "descending".
-    ``shift`` stays "shift": only (head, wave) groups with more K/V tiles in flight than Q tiles fall back.
+    Non-deterministic backwards ignore ``schedule`` (their dQ adds are unordered) and walk the tiles the fastest
+    way: "symmetric_shift" for causal masks where it applies (equal work per CTA on the pair grid), otherwise
+    "ascending". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd K/V tile count) runs
+    "descending" (non-deterministic: "ascending"). ``shift`` stays "shift": only (head, wave) groups with more
+    K/V tiles in flight than Q tiles fall back. The kernel's launcher applies the same rules
+    (hopper/bwd_schedule.hpp, choose_launch).
     """
     if not deterministic:
-        return "ascending"
+        schedule = "symmetric_shift" if causal else "ascending"
     if schedule == "symmetric_shift":
         from .schedule.orders import symmetric_shift_fallback
         from .schedule.tiles import TileGrid, bwd_tile_shape
 
         block_m, block_n = bwd_tile_shape(q_shape[3], causal)
         grid = TileGrid("causal" if causal else "full", q_shape[1], seqlen_k, block_m, block_n)
-        # The kernel's launcher applies the same rule (hopper/bwd_schedule.hpp, choose_launch).
-        return "descending" if symmetric_shift_fallback(grid) else schedule
+        if symmetric_shift_fallback(grid):
+            return "descending" if deterministic else "ascending"
+        return schedule
     if schedule != "auto":
         return schedule
     from .schedule.auto import choose_schedule

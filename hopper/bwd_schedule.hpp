@@ -303,13 +303,19 @@ struct LaunchChoice {
     bool pair_grid;  // SymmetricShift's pair grid
 };
 
-// Decides policy and grid. Non-deterministic runs use Ascending (the order does not matter).
+// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered): causal
+// shapes where symmetric_shift applies walk it for its balanced pair grid (a static grid gives the
+// CTAs of one wave triangles of very different lengths), everything else walks Ascending.
 // Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
 inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
                                   int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
     LaunchChoice ch;
-    ch.used = deterministic ? requested : Schedule::kAscending;
+    ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kAscending);
     ch.pair_grid = false;
+    if (!deterministic && ch.used == Schedule::kSymmetricShift &&
+        symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr) {
+        ch.used = Schedule::kAscending;
+    }
     if (ch.used == Schedule::kSymmetricShift &&
         (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {
         ch.used = Schedule::kDescending;

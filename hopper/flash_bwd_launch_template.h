@@ -66,35 +66,32 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
     check_cuda(cudaGetLastError(), "main kernel launch");
 }
 
-// Instantiates only what can run (keeps compile time flat): non-deterministic -> Ascending only
-// (the order is irrelevant); deterministic full -> Ascending, Descending, Shift; deterministic
-// causal -> Ascending, Descending, SymmetricShift<kBlockN / kBlockM> (when kBlockN % kBlockM == 0;
-// otherwise choose_launch always falls back to Descending).
+// Instantiates only what can run (keeps compile time flat): non-deterministic -> Ascending, plus
+// SymmetricShift for causal (choose_launch's balanced pair grid); deterministic full -> Ascending,
+// Descending, Shift; deterministic causal -> Ascending, Descending, SymmetricShift<kBlockN / kBlockM>
+// (when kBlockN % kBlockM == 0; otherwise choose_launch always falls back).
 template <class Traits, bool Is_causal, bool Deterministic>
 void dispatch_policy(Schedule used, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
 #ifdef FLASH_DASH_BWD_DEV_ONE
     launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return;
 #endif
-    if constexpr (!Deterministic) {
-        launch_main<Traits, Is_causal, false, Ascending>(kp, grid, stream);
-        return;
-    } else {
-        switch (used) {
-            case Schedule::kAscending: launch_main<Traits, Is_causal, true, Ascending>(kp, grid, stream); return;
-            case Schedule::kDescending: launch_main<Traits, Is_causal, true, Descending>(kp, grid, stream); return;
-            case Schedule::kShift:
-                if constexpr (!Is_causal) { launch_main<Traits, false, true, Shift>(kp, grid, stream); return; }
-                break;
-            case Schedule::kSymmetricShift:
-                if constexpr (Is_causal && Traits::kBlockN % Traits::kBlockM == 0) {
-                    launch_main<Traits, true, true, SymmetricShift<Traits::kBlockN / Traits::kBlockM>>(kp, grid, stream);
-                    return;
-                }
-                break;
-        }
-        // choose_launch never gets here (mask mismatches are rejected before, fallbacks resolved).
-        throw std::invalid_argument("flash_dash bwd: internal error: no kernel for schedule " + std::to_string(int(used)));
+    switch (used) {
+        case Schedule::kAscending: launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return;
+        case Schedule::kDescending:
+            if constexpr (Deterministic) { launch_main<Traits, Is_causal, true, Descending>(kp, grid, stream); return; }
+            break;
+        case Schedule::kShift:
+            if constexpr (Deterministic && !Is_causal) { launch_main<Traits, false, true, Shift>(kp, grid, stream); return; }
+            break;
+        case Schedule::kSymmetricShift:
+            if constexpr (Is_causal && Traits::kBlockN % Traits::kBlockM == 0) {
+                launch_main<Traits, true, Deterministic, SymmetricShift<Traits::kBlockN / Traits::kBlockM>>(kp, grid, stream);
+                return;
+            }
+            break;
     }
+    // choose_launch never gets here (mask mismatches are rejected before, fallbacks resolved).
+    throw std::invalid_argument("flash_dash bwd: internal error: no kernel for schedule " + std::to_string(int(used)));
 }
 
 template <class Traits>
@@ -115,8 +112,8 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const M = (p.seqlen_q + kBlockM - 1) / kBlockM;
     int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
     // Policy and grid, exactly as the model's build_orders decides them (plan.schedule_used, num_ctas):
-    // symmetric_shift falls back to descending when sq != sk, kBlockN % kBlockM != 0 or N is odd, and
-    // runs on the pair grid G = min(num_sms, B*H*N/2); everything else on G = min(num_sms, B*H*N).
+    // symmetric_shift falls back to descending (non-deterministic: ascending) when sq != sk,
+    // kBlockN % kBlockM != 0 or N is odd, and runs on the pair grid G = min(num_sms, B*H*N/2); everything else on G = min(num_sms, B*H*N).
     int64_t const num_tiles64 = int64_t(p.batch) * p.num_heads * N;
     LaunchChoice const choice = choose_launch(p.schedule, p.deterministic, p.is_causal, p.seqlen_q, p.seqlen_k,
                                               kBlockM, kBlockN, N, int64_t(p.batch) * p.num_heads, p.num_sms);

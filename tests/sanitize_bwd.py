@@ -13,9 +13,11 @@ MASK_ONLY = {"shift": False, "symmetric_shift": True}
 
 def main():
     torch.manual_seed(0)
-    b, sq, sk, h, hk = 1, 200, 300, 2, 1  # GQA, ragged tiles
+    b, h, hk = 1, 2, 1  # GQA
+    # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
+    cases = [(200, 300, False), (200, 300, True), (256, 256, True)]
     for d in (64, 128):
-        for causal in (False, True):
+        for sq, sk, causal in cases:
             runs = [(False, "ascending")] + [(True, s) for s in KERNEL_SCHEDULES if MASK_ONLY.get(s, causal) == causal]
             for det, sched in runs:
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
@@ -27,7 +29,7 @@ def main():
                 torch.ops.flash_attn_dash.bwd_out(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv,
                                                   None, d ** -0.5, causal, det, SCHEDULE_IDS[sched], 0)
                 torch.cuda.synchronize()
-                print(f"ok d={d} causal={causal} det={det} schedule={sched}")
+                print(f"ok d={d} sq={sq} sk={sk} causal={causal} det={det} schedule={sched}")
 
 
 if __name__ == "__main__":

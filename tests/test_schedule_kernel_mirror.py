@@ -52,9 +52,10 @@ static void walk(SchedShape const& s) {
 
 int main() {
     char mask[16];
-    int sq, sk, bm, bn, batch, heads, num_sms, sched;
-    // one case per line: mask sq sk block_m block_n batch heads num_sms schedule_id
-    while (std::scanf("%15s %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &num_sms, &sched) == 9) {
+    int sq, sk, bm, bn, batch, heads, num_sms, sched, det;
+    // one case per line: mask sq sk block_m block_n batch heads num_sms schedule_id deterministic
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &num_sms, &sched,
+                      &det) == 10) {
         bool const causal = std::strcmp(mask, "causal") == 0;
         Schedule const requested = static_cast<Schedule>(sched);
         if (mask_mismatch(requested, causal) != nullptr) { std::printf("mismatch\n"); continue; }
@@ -63,7 +64,7 @@ int main() {
         s.seqlen_q = sq; s.seqlen_k = sk; s.block_m = bm; s.block_n = bn;
         s.num_m = (sq + bm - 1) / bm; s.num_n = (sk + bn - 1) / bn;
         s.causal = causal;
-        LaunchChoice const ch = choose_launch(requested, true, causal, sq, sk, bm, bn, s.num_n,
+        LaunchChoice const ch = choose_launch(requested, det != 0, causal, sq, sk, bm, bn, s.num_n,
                                               (long long)batch * heads, num_sms);
         if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
         s.grid = ch.grid;
@@ -119,8 +120,10 @@ def mirror_binary(tmp_path_factory):
     return exe
 
 
-def _run(exe: Path, cases: list[tuple]) -> list:
-    stdin = "".join(f"{m} {sq} {sk} {bm} {bn} {b} {h} {g} {SCHEDULE_IDS[s]}\n" for m, sq, sk, bm, bn, b, h, g, s in cases)
+def _run(exe: Path, cases: list[tuple], deterministic: bool = True) -> list:
+    det = int(deterministic)
+    stdin = "".join(f"{m} {sq} {sk} {bm} {bn} {b} {h} {g} {SCHEDULE_IDS[s]} {det}\n"
+                    for m, sq, sk, bm, bn, b, h, g, s in cases)
     res = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
     lines = res.stdout.split("\n")
@@ -264,3 +267,25 @@ def test_mirror_mask_mismatch_rejected(mirror_binary):
     cases = [("causal", 256, 256, 64, 128, 1, 1, 132, "shift"), ("full", 256, 256, 64, 128, 1, 1, 132,
                                                                    "symmetric_shift")]
     assert _run(mirror_binary, cases) == ["mismatch", "mismatch"]
+
+
+def test_mirror_nondeterministic_walk(mirror_binary):
+    """Non-deterministic launches pick the walk ops.resolve_schedule reports (symmetric_shift's pair grid for causal
+    where it applies, ascending otherwise, whatever was requested) and the model's steps for that walk."""
+    from flash_attn_dash.ops import resolve_schedule
+    from flash_attn_dash.schedule.tiles import bwd_tile_shape
+
+    cases = []
+    for d in (64, 128):
+        for mask, sq, sk in (("causal", 8192, 8192), ("causal", 1024, 1024), ("causal", 1920, 1920),
+                             ("causal", 2048, 1024), ("causal", 1, 1), ("full", 2048, 2048), ("full", 113, 203)):
+            bm, bn = bwd_tile_shape(d, mask == "causal")
+            for g in (1, 78, 132):
+                for requested in ("ascending", "descending", "shift" if mask == "full" else "symmetric_shift"):
+                    cases.append((d, (mask, sq, sk, bm, bn, 2, 3, g, requested)))
+    results = _run(mirror_binary, [c for _, c in cases], deterministic=False)
+    for (d, case), got in zip(cases, results):
+        mask, sq, sk, bm, bn, batch, heads, g, requested = case
+        expect = resolve_schedule(requested, mask == "causal", False, (batch, sq, heads, d), sk, g)
+        assert got[0] == expect, (case, got[0], expect)
+        _check((mask, sq, sk, bm, bn, batch, heads, g, expect), got)
