@@ -15,6 +15,12 @@ __device__ __forceinline__ void bulk_reduce_add_f32(float* gmem, float const* sm
                  :: "l"(gmem), "r"(smem_u32(smem)), "r"(bytes) : "memory");
 }
 
+// gmem[0:bytes) = smem[0:bytes), async bulk group (same alignment rules).
+__device__ __forceinline__ void bulk_store(void* gmem, void const* smem, uint32_t bytes) {
+    asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;"
+                 :: "l"(gmem), "r"(smem_u32(smem)), "r"(bytes) : "memory");
+}
+
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 
 // Source shared memory of all committed groups has been read.

@@ -131,6 +131,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
     pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
     pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
+    pre.zero_dq_accum = !p.deterministic;  // deterministic: rank 0 stores (flash_bwd_kernel_sm90.h)
     bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), 256, 0, stream>>>(pre);
     check_cuda(cudaGetLastError(), "preprocess launch");
 
@@ -182,6 +183,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     post.dq_accum = pre.dq_accum; post.dq = p.dq;
     post.dq_row = p.dq_stride.row; post.dq_head = p.dq_stride.head; post.dq_batch = p.dq_stride.batch;
     post.batch = p.batch; post.heads = p.num_heads; post.seqlen_q = p.seqlen_q; post.num_m = M;
+    post.first_m = m_min_of(kp.sched, 0);
     post.scale = p.softmax_scale;
     bwd_postprocess_dq_kernel<Traits><<<dim3(M, p.num_heads, p.batch), 256, 0, stream>>>(post);
     check_cuda(cudaGetLastError(), "postprocess dq launch");

@@ -1,5 +1,6 @@
 // Backward preprocess: dPsum = rowsum(dO * O) (fp32), LSE in log2 units (-inf -> 0; padded rows 0),
-// zeroed fp32 dQ accumulator tile and dQ semaphore. Grid (M, H, B), 256 threads.
+// zeroed dQ semaphore and, unless the main kernel's first contribution stores (deterministic mode),
+// zeroed fp32 dQ accumulator tile. Grid (M, H, B), 256 threads.
 #pragma once
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
@@ -20,6 +21,7 @@ struct PreprocessParams {
     float* lse_log2;
     float* dq_accum;
     int* dq_sem;
+    bool zero_dq_accum;
 };
 
 template <class Element, int kBlockM, int kHeadDim>
@@ -57,8 +59,10 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(PreprocessParams co
             p.lse_log2[idx] = l;
         }
     }
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m + m) * int64_t(kBlockM * kHeadDim));
-    for (int i = threadIdx.x; i < kBlockM * kHeadDim / 4; i += 256) { acc[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+    if (p.zero_dq_accum) {
+        float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m + m) * int64_t(kBlockM * kHeadDim));
+        for (int i = threadIdx.x; i < kBlockM * kHeadDim / 4; i += 256) { acc[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
+    }
     if (threadIdx.x == 0) { p.dq_sem[(int64_t(m) * p.batch + b) * p.heads + h] = 0; }
 }
 
