@@ -154,22 +154,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
-#ifdef FLASH_DASH_BWD_DEFERRED_RELEASE
-            constexpr bool kDeferRelease = Deterministic;
-#else
-            constexpr bool kDeferRelease = false;
-#endif
-            // Deferred release (deterministic): the MMA warpgroups may refill the smem slices as soon as the
-            // reduction has READ them; its completion wait and the counter release happen at the top of the
-            // next step (before any new counter wait, so no CTA waits while holding a release back).
-            int* pending = nullptr;
-            auto release_pending = [&]() {
-                if (kDeferRelease && pending != nullptr) {
-                    bulk_wait_group_0();          // reductions COMPLETED, not just smem read
-                    fence_proxy_async_global();
-                    red_release_add(pending, 1);
-                }
-            };
             for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = Policy::next_tile(sched, t)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
                 auto const st = Policy::init(sched, c);
@@ -186,7 +170,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     int rank = 0;
                     if constexpr (Deterministic) {
                         rank = Policy::rank(sched, c, st, m);
-                        if (lane == 0) { release_pending(); wait_eq(sem, rank); fence_proxy_async_global(); }
+                        if (lane == 0) { wait_eq(sem, rank); fence_proxy_async_global(); }
                         __syncwarp();
                     }
                     // Deterministic mode: the first contribution (rank 0) stores, so the accumulator
@@ -204,11 +188,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         add_slice(1);
                         bulk_commit_group();
                         int pos;
-                        if constexpr (kDeferRelease) {
-                            bulk_wait_group_read_0();
-                            pos = rank;
-                            pending = sem;
-                        } else if constexpr (Deterministic) {
+                        if constexpr (Deterministic) {
                             bulk_wait_group_0();          // reductions COMPLETED, not just smem read
                             fence_proxy_async_global();
                             pos = rank;
@@ -224,7 +204,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     __syncwarp();
                 }
             }
-            if (lane == 0) { release_pending(); bulk_wait_group_0(); }
             if (lane == 0) { bulk_wait_group_0(); }
         }
     } else {
