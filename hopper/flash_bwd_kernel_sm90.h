@@ -167,18 +167,21 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     // smem slices are free (previous reduce has read them): let the MMA WGs write.
                     cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty0));
                     cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty1));
-                    int rank = 0;
-                    if constexpr (Deterministic) {
-                        rank = Policy::rank(sched, c, st, m);
-                        if (lane == 0) { wait_eq(sem, rank); fence_proxy_async_global(); }
-                        __syncwarp();
+                    // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
+                    // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
+                    // after the first are unordered). Fewer waits than the proven-deadlock-free
+                    // deterministic order, hence deadlock-free too.
+                    int const rank = Policy::rank(sched, c, st, m);
+                    if (lane == 0) {
+                        if constexpr (Deterministic) { wait_eq(sem, rank); }
+                        else if (rank > 0) { wait_ge(sem, 1); }
+                        fence_proxy_async_global();
                     }
-                    // Deterministic mode: the first contribution (rank 0) stores, so the accumulator
-                    // needs no zero fill (the preprocess skips it).
+                    __syncwarp();
                     auto add_slice = [&](int slice) {
                         float* dst = gacc + slice * Traits::kdQSliceFloats;
                         float const* src = &ss.smem_dqacc[slice * Traits::kdQSliceFloats];
-                        if (Deterministic && rank == 0) { bulk_store(dst, src, kSliceBytes); }
+                        if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
                         else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
                     };
                     cutlass::arch::NamedBarrier::sync(128 + 32, uint32_t(BwdBarrier::dQFull0));
@@ -188,7 +191,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         add_slice(1);
                         bulk_commit_group();
                         int pos;
-                        if constexpr (Deterministic) {
+                        if (Deterministic || rank == 0) {
                             bulk_wait_group_0();          // reductions COMPLETED, not just smem read
                             fence_proxy_async_global();
                             pos = rank;

@@ -129,9 +129,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.batch = p.batch; pre.heads = p.num_heads; pre.seqlen_q = p.seqlen_q; pre.num_m = M;
     pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
     pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
-    pre.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum);
     pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
-    pre.zero_dq_accum = !p.deterministic;  // deterministic: rank 0 stores (flash_bwd_kernel_sm90.h)
     bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), 256, 0, stream>>>(pre);
     check_cuda(cudaGetLastError(), "preprocess launch");
 
@@ -158,7 +156,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.group = p.num_heads / p.num_heads_k;
     kp.softmax_scale = p.softmax_scale;
     kp.scale_log2 = p.softmax_scale * float(M_LOG2E);
-    kp.dq_accum = pre.dq_accum; kp.dpsum = pre.dpsum; kp.lse_log2 = pre.lse_log2; kp.dq_sem = pre.dq_sem;
+    kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum); kp.dpsum = pre.dpsum; kp.lse_log2 = pre.lse_log2; kp.dq_sem = pre.dq_sem;
     kp.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
     kp.dv_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dv_accum) : nullptr;
     kp.dkv_sem = w.gqa ? reinterpret_cast<int*>(ws + w.dkv_sem) : nullptr;
@@ -180,7 +178,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
 #endif
 
     PostprocessParams post{};
-    post.dq_accum = pre.dq_accum; post.dq = p.dq;
+    post.dq_accum = kp.dq_accum; post.dq = p.dq;
     post.dq_row = p.dq_stride.row; post.dq_head = p.dq_stride.head; post.dq_batch = p.dq_stride.batch;
     post.batch = p.batch; post.heads = p.num_heads; post.seqlen_q = p.seqlen_q; post.num_m = M;
     post.first_m = m_min_of(kp.sched, 0);

@@ -1,6 +1,6 @@
 // Backward preprocess: dPsum = rowsum(dO * O) (fp32), LSE in log2 units (-inf -> 0; padded rows 0),
-// zeroed dQ semaphore and, unless the main kernel's first contribution stores (deterministic mode),
-// zeroed fp32 dQ accumulator tile. Grid (M, H, B), 256 threads.
+// zeroed dQ semaphore (the main kernel's first contribution to a dQ tile stores, so the fp32
+// accumulator needs no zero fill). Grid (M, H, B), 256 threads.
 #pragma once
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
@@ -19,9 +19,7 @@ struct PreprocessParams {
     int batch, heads, seqlen_q, num_m;
     float* dpsum;
     float* lse_log2;
-    float* dq_accum;
     int* dq_sem;
-    bool zero_dq_accum;
 };
 
 template <class Element, int kBlockM, int kHeadDim>
@@ -58,10 +56,6 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(PreprocessParams co
             }
             p.lse_log2[idx] = l;
         }
-    }
-    if (p.zero_dq_accum) {
-        float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m + m) * int64_t(kBlockM * kHeadDim));
-        for (int i = threadIdx.x; i < kBlockM * kHeadDim / 4; i += 256) { acc[i] = make_float4(0.f, 0.f, 0.f, 0.f); }
     }
     if (threadIdx.x == 0) { p.dq_sem[(int64_t(m) * p.batch + b) * p.heads + h] = 0; }
 }

@@ -1,4 +1,4 @@
-// Ordered-add helpers for the deterministic backward: global int32 counters with acquire/release.
+// Ordered-add helpers for the backward's dQ accumulation: global int32 counters with acquire/release.
 #pragma once
 #include <cstdint>
 
@@ -14,6 +14,11 @@ __device__ __forceinline__ int ld_acquire(int const* p) {
 // Spin (one thread) until *p == val.
 __device__ __forceinline__ void wait_eq(int const* p, int val) {
     while (ld_acquire(p) != val) { __nanosleep(32); }
+}
+
+// Spin (one thread) until *p >= val.
+__device__ __forceinline__ void wait_ge(int const* p, int val) {
+    while (ld_acquire(p) < val) { __nanosleep(32); }
 }
 
 __device__ __forceinline__ void red_release_add(int* p, int v) {
