@@ -55,3 +55,12 @@ def test_default_costs_ratio():
 def test_bad_mask():
     with pytest.raises(ValueError, match="mask"):
         predict("local", 64, 128, 128, 1, 1, 1)
+
+
+@pytest.mark.parametrize("head_dim,seqlen,expect", [(64, 2048, "shift"), (128, 8192, "shift"),
+                                                     (64, 16384, "descending"), (128, 16384, "descending")])
+def test_committed_measurements_drive_full_mask_picks(head_dim, seqlen, expect):
+    """The DASH-grid full-mask shapes pick what the committed H200 runs measured fastest (auto.MEASURED_PREFERENCES)."""
+    heads = 2048 // head_dim
+    name, reason = choose_schedule("full", head_dim, seqlen, seqlen, max(1, 16384 // seqlen), heads, 132)
+    assert name == expect and "measured" in reason

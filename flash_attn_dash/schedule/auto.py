@@ -37,14 +37,20 @@ class MeasuredPreference:
     source: str
 
 
-# Measured on our H200 where the model's tie rule would pick otherwise (it predicts shift within 1% of
-# ascending at 8k, the kernels measure it 2-12% faster). Outside these ranges the model decides.
+# Measured on our H200 where the model's tie rule would pick otherwise. At 2k-8k it predicts shift within 1% of
+# ascending, the kernels measure it 2-34% faster; at 16k descending measured 0.9-1.9% above ascending (0.2-0.9% above shift) in
+# both full-grid runs. Outside these ranges the model decides.
 _QUICK_0219 = "benchmarks/results/2026-11-30-0219-attn-quick.json"
+_GRID = "benchmarks/results/2026-11-30-0331-attn.json and 2026-11-30-0340-attn.json"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
     MeasuredPreference("full", 64, 2048, 8192, "shift",
                        f"{_QUICK_0219}: shift 434/516 vs ascending 333/462 TFLOP/s at 2k/8k"),
     MeasuredPreference("full", 128, 2048, 8192, "shift",
                        f"{_QUICK_0219}: shift 446/560 vs ascending 403/550 TFLOP/s at 2k/8k"),
+    MeasuredPreference("full", 64, 16384, 16384, "descending",
+                       f"{_GRID}: descending 544/530 vs ascending 534/520, shift 539/529 TFLOP/s at 16k"),
+    MeasuredPreference("full", 128, 16384, 16384, "descending",
+                       f"{_GRID}: descending 590/579 vs ascending 583/574, shift 588/575 TFLOP/s at 16k"),
 )
 
 
