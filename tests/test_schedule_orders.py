@@ -341,6 +341,6 @@ def test_measured_preferences_override_the_model_tie_rule():
     assert MEASURED_PREFERENCES, "the committed measurements must be wired in"
     name, reason = choose_schedule("full", 64, 8192, 8192, 2, 32, 132)
     assert name == "shift" and "measured" in reason and "attn-quick.json" in reason
-    # outside the measured range the model decides again
-    name, reason = choose_schedule("full", 64, 16384, 16384, 1, 32, 132)
+    # outside the measured ranges the model decides again
+    name, reason = choose_schedule("full", 64, 12288, 12288, 1, 32, 132)
     assert "measured" not in reason
