@@ -16,6 +16,7 @@ _LAZY = {
     "attention_ref": "reference",
     "kernels_available": "_ext",
     "SCHEDULES": "checks",
+    "set_debug": "debug",
 }
 
 __all__ = list(_LAZY)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, checks
+from . import _ext, checks, debug
 from .reference import attention_ref, attention_ref_bwd
 
 SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
@@ -49,6 +49,15 @@ def resolve_schedule(
         "causal" if causal else "full", d, sq, seqlen_k, b, h, num_sms, allowed=KERNEL_SCHEDULES
     )
     return name
+
+
+def _check_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
+                    num_sms: int) -> str:
+    """Debug mode: resolve the schedule and prove it for this call's grid (see flash_attn_dash.debug)."""
+    used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
+    b, sq, h, d = q.shape
+    debug.check_backward_schedule(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, used)
+    return used
 
 
 torch.library.define(
@@ -118,6 +127,8 @@ def bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
     if not q.is_cuda:
+        if debug.debug_enabled():  # the order an H200 (132 SMs) would run
+            _check_schedule(q, k, causal, deterministic, schedule, 132 - sm_margin)
         return attention_ref_bwd(dout, q, k, v, softmax_scale, causal)
     _ext.require_kernels()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -126,7 +137,8 @@ def bwd(
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     num_sms = checks.check_sm_margin(sm_margin, q.device)
-    used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
+    used = _check_schedule(q, k, causal, deterministic, schedule, num_sms) if debug.debug_enabled() else \
+        resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
     torch.ops.flash_attn_dash.bwd_out(
         dout, q, k, v, out, lse, dq, dk, dv, None, softmax_scale, causal, deterministic, SCHEDULE_IDS[used], sm_margin
     )

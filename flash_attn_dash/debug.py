@@ -1,0 +1,48 @@
+"""Debug mode: before each backward launch, prove its dQ order correct and deadlock-free for the launched grid.
+
+The kernels trust the schedule model's guarantees (every visible (m, n) tile visited once, ranks 0..K_m-1 per dQ
+tile, no CTA waiting on a contribution that can only come after it); debug mode re-checks them with
+:meth:`flash_attn_dash.schedule.Plan.check` for the exact shape, schedule and grid size (SM count - sm_margin) of each
+call and raises :class:`flash_attn_dash.schedule.ScheduleError` instead of launching a kernel that would hang.
+Non-deterministic backwards wait only for the first (rank 0) contribution of each dQ tile, a subset of the
+deterministic waits of the same walk, so the same check covers them.
+
+Enable with ``FLASH_ATTN_DASH_DEBUG=1`` in the environment or :func:`set_debug`. Checks cost a model walk over all
+steps of the call (about a second per 10^7 steps) and are cached per shape.
+"""
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+ENV_VAR = "FLASH_ATTN_DASH_DEBUG"
+_override: bool | None = None
+
+
+def set_debug(enabled: bool | None) -> None:
+    """Turn debug mode on (True) or off (False); None follows ``FLASH_ATTN_DASH_DEBUG`` again."""
+    global _override
+    if enabled is not None and not isinstance(enabled, bool):
+        raise TypeError(f"enabled must be True, False or None, got {enabled!r}")
+    _override = enabled
+
+
+def debug_enabled() -> bool:
+    """Whether backwards are checked before launch (:func:`set_debug`, else ``FLASH_ATTN_DASH_DEBUG`` not in
+    ("", "0"))."""
+    if _override is not None:
+        return _override
+    return os.environ.get(ENV_VAR, "") not in ("", "0")
+
+
+@lru_cache(maxsize=256)
+def check_backward_schedule(causal: bool, batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int,
+                            head_dim: int, num_sms: int, schedule: str) -> None:
+    """Raise ScheduleError unless ``schedule`` (already resolved: what the kernel runs) is complete, consistently
+    ranked and deadlock-free on a grid of ``num_sms`` CTAs for this shape."""
+    from .schedule import build_plan, bwd_tile_shape
+
+    block_m, block_n = bwd_tile_shape(head_dim, causal)
+    plan = build_plan("causal" if causal else "full", seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms,
+                      schedule, heads_kv=heads_kv)
+    plan.check()
