@@ -122,6 +122,17 @@ def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compile
         )
 
 
+H200_SMS = 132  # what CPU tensors model: the GPU the benchmarks and the auto table were measured on
+
+
+def modeled_grid_size(sm_margin: int) -> int:
+    """The persistent grid size CPU tensors model (an H200's 132 SMs - sm_margin), rejecting margins that leave
+    no SM."""
+    if sm_margin >= H200_SMS:
+        raise ValueError(f"sm_margin must be < {H200_SMS} (the H200 SM count modelled for CPU tensors), got {sm_margin}")
+    return H200_SMS - sm_margin
+
+
 def check_sm_margin(sm_margin: int, device: torch.device) -> int:
     """Return the persistent grid size (SM count - sm_margin), rejecting margins that leave no SM."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count

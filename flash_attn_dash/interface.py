@@ -27,7 +27,7 @@ def backward_schedule_used(
     on CPU tensors (reference path) it reports what an H200's 132 SMs would use.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
-    num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else 132 - sm_margin
+    num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     return resolve_schedule(schedule, causal, deterministic, tuple(q.shape), k.shape[1], num_sms)
 
 

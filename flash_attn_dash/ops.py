@@ -127,8 +127,8 @@ def bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
     if not q.is_cuda:
-        if debug.debug_enabled():  # the order an H200 (132 SMs) would run
-            _check_schedule(q, k, causal, deterministic, schedule, 132 - sm_margin)
+        if debug.debug_enabled():  # the order an H200 would run
+            _check_schedule(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
         return attention_ref_bwd(dout, q, k, v, softmax_scale, causal)
     _ext.require_kernels()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)

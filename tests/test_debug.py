@@ -81,3 +81,12 @@ def test_a_deadlocking_order_is_refused_before_launch(monkeypatch):
     flash_attn_dash.set_debug(True)
     with pytest.raises(ScheduleError, match="deadlock"):
         _cpu_backward(131)  # 132 - 131 = 1 CTA
+
+
+def test_cpu_margin_beyond_the_modelled_gpu_is_a_clear_error():
+    flash_attn_dash.set_debug(True)
+    with pytest.raises(ValueError, match="sm_margin must be < 132"):
+        _cpu_backward(132)
+    q = torch.empty(1, 64, 2, 64)
+    with pytest.raises(ValueError, match="sm_margin must be < 132"):
+        flash_attn_dash.backward_schedule_used(q, q, sm_margin=140)
