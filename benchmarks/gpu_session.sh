@@ -58,6 +58,7 @@ has bench-attn && bench bench-attn 400 --attn-only     # the whole DASH grid (51
 has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
 if has variants; then
   for dir in .prebuilt/*/; do
+    [ -f "$dir/flags.txt" ] || continue  # other prebuilt folders (e.g. whole-build objects) are not variants
     name=$(basename "$dir")
     BUILD_TAG=$name
     build FLASH_DASH_PASSES=fwd FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
