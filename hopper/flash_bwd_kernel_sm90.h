@@ -1,7 +1,8 @@
 // Main backward kernel (sm90a): persistent, warp-specialized.
 //   WG0 warp 0: TMA producer (K/V once per tile; Q+LSE and dO+dPsum through 2-stage pipelines).
-//   WG0 warp 1: dQ-store warp (bulk reduce-add of each fresh dQ tile into the fp32 accumulator,
-//               ordered by per-(m, b, h) semaphores in deterministic mode).
+//   WG0 warp 1: dQ-store warp (each fresh dQ tile into the fp32 accumulator: the schedule's rank 0
+//               stores, later ranks bulk reduce-add, behind per-(m, b, h) counters: in rank order in
+//               deterministic mode, after rank 0 otherwise).
 //   WG1, WG2  : MMA warpgroups (S^T, dP^T, P, dS, dV += P^T dO, dQ = dS K, dK += dS^T Q) + epilogue.
 #pragma once
 #include "mainloop_bwd_sm90.hpp"
