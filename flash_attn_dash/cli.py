@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from .schedule.auto import Prediction, choose, predict
 from .schedule.costs import default_costs
 from .schedule.draw import draw_gantt
-from .schedule.tiles import bwd_tile_shape
+from .schedule.orders import nondeterministic_walk
+from .schedule.tiles import TileGrid, bwd_tile_shape
 
 _HEAD_DIMS = (64, 128)
 
@@ -80,7 +81,7 @@ def _progress(label: str):
     return report
 
 
-def _table(predictions: list[Prediction], pick: str, reason: str, header: list[str], unit: str) -> str:
+def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str, header: list[str], unit: str) -> str:
     base = next(p for p in predictions if p.schedule == "ascending").makespan
     lines = header + [f"{'schedule':<16} {'runs as':<16} {'makespan ' + unit:>16} {'idle':>7} {'waits':>7} "
                       f"{'speedup':>8}"]
@@ -89,6 +90,7 @@ def _table(predictions: list[Prediction], pick: str, reason: str, header: list[s
         lines.append(f"{p.schedule:<16} {p.schedule_used:<16} {p.makespan / (1e3 if unit == 'us' else 1):>16.1f} "
                      f"{p.bubble_fraction:>7.1%} {p.wait_fraction:>7.1%} {base / p.makespan:>7.3f}x{mark}")
     lines.append(f"auto -> {reason}")
+    lines.append(f"non-deterministic backward walks: {nondet}")
     lines += [f"  {p.schedule}: {p.description}" for p in predictions]
     return "\n".join(lines)
 
@@ -111,6 +113,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
                           progress=_progress(f"{mask} seqlen {args.seqlen}"))
     pick, reason = choose(predictions, mask, args.hdim, seqlen_k)
+    nondet = nondeterministic_walk(TileGrid(mask, args.seqlen, seqlen_k, block_m, block_n))
     base = next(p for p in predictions if p.schedule == "ascending").makespan
     num_m, num_n = -(-args.seqlen // block_m), -(-seqlen_k // block_n)
     if args.json:
@@ -118,7 +121,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             "mask": mask, "seqlen_q": args.seqlen, "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch,
             "heads": heads, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n, "sms": args.sms,
             "sm_margin": args.sm_margin, "grid": grid, "c": c, "r": r, "unit": "ns" if default else "cost units",
-            "auto": {"schedule": pick, "reason": reason},
+            "auto": {"schedule": pick, "reason": reason}, "non_deterministic_walk": nondet,
             "schedules": [{"schedule": p.schedule, "schedule_used": p.schedule_used, "description": p.description,
                            "fallback": p.fallback, "num_ctas": p.timeline.plan.num_ctas, "makespan": p.makespan,
                            "bubble_fraction": p.bubble_fraction, "wait_fraction": p.wait_fraction,
@@ -132,7 +135,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   f"grid {grid} = {args.sms} SMs - margin {args.sm_margin}",
                   f"per step: compute c={c:g}, reduce r={r:g} {'ns ' if default else ''}(r/c={r / c:.3f}); "
                   f"idle = waits + CTAs done early, over grid x makespan"]
-        print(_table(predictions, pick, reason, header, unit))
+        print(_table(predictions, pick, reason, nondet, header, unit))
     if args.png:
         titles = [f"{p.schedule}" + (f" (runs {p.schedule_used})" if not p.valid else "")
                   + f": makespan {p.makespan:.4g}, idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"

@@ -29,17 +29,15 @@ def resolve_schedule(
     K/V tiles in flight than Q tiles fall back. The kernel's launcher applies the same rules
     (hopper/bwd_schedule.hpp, choose_launch).
     """
-    if not deterministic:
-        schedule = "symmetric_shift" if causal else "ascending"
-    if schedule == "symmetric_shift":
-        from .schedule.orders import symmetric_shift_fallback
+    if not deterministic or schedule == "symmetric_shift":
+        from .schedule.orders import nondeterministic_walk, symmetric_shift_fallback
         from .schedule.tiles import TileGrid, bwd_tile_shape
 
         block_m, block_n = bwd_tile_shape(q_shape[3], causal)
         grid = TileGrid("causal" if causal else "full", q_shape[1], seqlen_k, block_m, block_n)
-        if symmetric_shift_fallback(grid):
-            return "descending" if deterministic else "ascending"
-        return schedule
+        if not deterministic:
+            return nondeterministic_walk(grid)
+        return "descending" if symmetric_shift_fallback(grid) else schedule
     if schedule != "auto":
         return schedule
     from .schedule.auto import choose_schedule

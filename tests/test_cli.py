@@ -21,6 +21,8 @@ def test_table_lists_every_schedule(capsys):
     assert "batch=8 heads=32" in full and "grid 114" in causal
     for out in (full, causal):
         assert out.count("<- auto") == 1 and "auto -> " in out
+    assert "non-deterministic backward walks: ascending" in full
+    assert "non-deterministic backward walks: symmetric_shift" in causal
 
 
 def test_json(capsys):
@@ -34,6 +36,7 @@ def test_json(capsys):
     assert sum(s["auto"] for s in data["schedules"]) == 1
     picked = next(s for s in data["schedules"] if s["auto"])
     assert picked["schedule"] == data["auto"]["schedule"]
+    assert data["non_deterministic_walk"] == "symmetric_shift"
     for s in data["schedules"]:
         assert s["makespan"] > 0 and 0 <= s["bubble_fraction"] < 1
         assert s["speedup_over_ascending"] == pytest.approx(data["schedules"][0]["makespan"] / s["makespan"])
@@ -45,6 +48,7 @@ def test_json_reports_fallback(capsys):
     sym = next(s for s in data["schedules"] if s["schedule"] == "symmetric_shift")
     assert sym["schedule_used"] == "descending" and "seqlen_q == seqlen_k" in sym["fallback"]
     assert data["auto"]["schedule"] != "symmetric_shift"
+    assert data["non_deterministic_walk"] == "ascending"  # the same fallback, static grid
 
 
 def test_png(tmp_path, capsys):

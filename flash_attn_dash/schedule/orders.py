@@ -141,6 +141,13 @@ def symmetric_shift_fallback(grid: TileGrid) -> str | None:
     return None
 
 
+def nondeterministic_walk(grid: TileGrid) -> str:
+    """The walk of a non-deterministic backward (its dQ adds after each tile's first are unordered, so only the work
+    balance matters): ``symmetric_shift``'s pair grid for causal masks where it applies, else ``ascending``.
+    Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
+    return "symmetric_shift" if symmetric_shift_fallback(grid) is None else "ascending"
+
+
 def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     num_m, num_n, s = grid.num_m, grid.num_n, grid.block_n // grid.block_m
     pairs = num_n // 2
