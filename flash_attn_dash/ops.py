@@ -49,12 +49,13 @@ def resolve_schedule(
     return name
 
 
-def _check_schedule(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
-                    num_sms: int) -> str:
-    """Debug mode: resolve the schedule and prove it for this call's grid (see flash_attn_dash.debug)."""
+def _resolve_for_launch(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
+                        num_sms: int) -> str:
+    """resolve_schedule for this call; in debug mode also prove the order for its grid (flash_attn_dash.debug)."""
     used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
-    b, sq, h, d = q.shape
-    debug.check_backward_schedule(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, used)
+    if debug.debug_enabled():
+        b, sq, h, d = q.shape
+        debug.check_backward_schedule(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, used)
     return used
 
 
@@ -126,7 +127,7 @@ def bwd(
     """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
     if not q.is_cuda:
         if debug.debug_enabled():  # the order an H200 would run
-            _check_schedule(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
+            _resolve_for_launch(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
         return attention_ref_bwd(dout, q, k, v, softmax_scale, causal)
     _ext.require_kernels()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -135,8 +136,7 @@ def bwd(
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
     num_sms = checks.check_sm_margin(sm_margin, q.device)
-    used = _check_schedule(q, k, causal, deterministic, schedule, num_sms) if debug.debug_enabled() else \
-        resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
+    used = _resolve_for_launch(q, k, causal, deterministic, schedule, num_sms)
     torch.ops.flash_attn_dash.bwd_out(
         dout, q, k, v, out, lse, dq, dk, dv, None, softmax_scale, causal, deterministic, SCHEDULE_IDS[used], sm_margin
     )

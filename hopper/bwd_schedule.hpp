@@ -312,13 +312,9 @@ inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool c
     LaunchChoice ch;
     ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kAscending);
     ch.pair_grid = false;
-    if (!deterministic && ch.used == Schedule::kSymmetricShift &&
-        symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr) {
-        ch.used = Schedule::kAscending;
-    }
     if (ch.used == Schedule::kSymmetricShift &&
         (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {
-        ch.used = Schedule::kDescending;
+        ch.used = deterministic ? Schedule::kDescending : Schedule::kAscending;
     }
     int64_t units = batch_heads * num_n;
     if (ch.used == Schedule::kSymmetricShift) {

@@ -113,7 +113,8 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
     // Policy and grid, exactly as the model's build_orders decides them (plan.schedule_used, num_ctas):
     // symmetric_shift falls back to descending (non-deterministic: ascending) when sq != sk,
-    // kBlockN % kBlockM != 0 or N is odd, and runs on the pair grid G = min(num_sms, B*H*N/2); everything else on G = min(num_sms, B*H*N).
+    // kBlockN % kBlockM != 0 or N is odd, and runs on the pair grid G = min(num_sms, B*H*N/2);
+    // everything else on G = min(num_sms, B*H*N).
     int64_t const num_tiles64 = int64_t(p.batch) * p.num_heads * N;
     LaunchChoice const choice = choose_launch(p.schedule, p.deterministic, p.is_causal, p.seqlen_q, p.seqlen_k,
                                               kBlockM, kBlockN, N, int64_t(p.batch) * p.num_heads, p.num_sms);

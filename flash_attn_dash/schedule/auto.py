@@ -38,8 +38,8 @@ class MeasuredPreference:
 
 
 # Measured on our H200 where the model's tie rule would pick otherwise. At 2k-8k it predicts shift within 1% of
-# ascending, the kernels measure it 2-34% faster; at 16k descending measured 0.9-1.9% above ascending (0.2-0.9% above shift) in
-# both full-grid runs. Outside these ranges the model decides.
+# ascending, the kernels measure it 2-34% faster; at 16k descending measured 0.9-1.9% above ascending (0.2-0.9%
+# above shift) in both full-grid runs. Outside these ranges the model decides.
 _QUICK_0219 = "benchmarks/results/2026-11-30-0219-attn-quick.json"
 _GRID = "benchmarks/results/2026-11-30-0331-attn.json and 2026-11-30-0340-attn.json"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
