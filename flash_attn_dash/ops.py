@@ -23,11 +23,11 @@ def resolve_schedule(
     """The dQ order a backward call runs ("auto" asks the schedule model).
 
     Non-deterministic backwards ignore ``schedule`` (their dQ adds are unordered) and walk the tiles the fastest
-    way: "symmetric_shift" for causal masks where it applies (equal work per CTA on the pair grid), otherwise
-    "ascending". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd K/V tile count) runs
-    "descending" (non-deterministic: "ascending"). ``shift`` stays "shift": only (head, wave) groups with more
-    K/V tiles in flight than Q tiles fall back. The kernel's launcher applies the same rules
-    (hopper/bwd_schedule.hpp, choose_launch).
+    way: for causal masks "symmetric_shift" where it applies (equal work per CTA on the pair grid), else
+    "descending"; for full masks "ascending". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd
+    K/V tile count) runs "descending". ``shift`` stays "shift": only (head, wave) groups with more K/V tiles in
+    flight than Q tiles fall back. The kernel's launcher applies the same rules (hopper/bwd_schedule.hpp,
+    choose_launch).
     """
     if not deterministic or schedule == "symmetric_shift":
         from .schedule.orders import nondeterministic_walk, symmetric_shift_fallback

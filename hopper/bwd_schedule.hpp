@@ -4,27 +4,31 @@
 //
 // Contract shared with flash_attn_dash/schedule (Python model, orders.py docstring = the spec; a GPU
 // test compares the dQ arrival trace, tests/test_schedule_kernel_mirror.py compiles this header as
-// host code and compares every CTA's task list with the model):
+// host code and compares every CTA's task list (static grids) or every tile's walk (dynamic grid)
+// with the model):
 //  * M = ceil(sq / kBlockM), N = ceil(sk / kBlockN); causal is aligned bottom-right: query row i
 //    sees key j iff j <= i + (sk - sq).
 //  * K/V tile n is visited by the Q tiles m in [m_min(n), M), with
 //      m_min(n) = max(0, floor((n*kBlockN - (sk - sq)) / kBlockM))   (floor, also for negatives)
 //    for causal and m_min = 0 for full masks.
-//  * Static persistent grid: linear tile t in [0, B*H*N), n = t % N, h = (t / N) % H,
-//    b = t / (N*H). G = min(num_sms, B*H*N) CTAs; CTA g processes t = g, g+G, g+2G, ...
+//  * Linear tile t in [0, B*H*N), n = t % N, h = (t / N) % H, b = t / (N*H); G = min(num_sms, B*H*N)
+//    CTAs. Static persistent grid (Shift): CTA g processes t = g, g+G, g+2G, ...  Dynamic persistent
+//    grid (Ascending, Descending): CTA g starts with t = g and then claims the next unclaimed t.
 //  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min.
 //  * rank(n, m) = #{ n' < n : tile n' touches m }.
 //    Proof that this equals n for the full and causal masks: m_min(n') is non-decreasing in n'
 //    (floor of a non-decreasing argument), so if n touches m (m_min(n) <= m < M) then every
 //    n' < n has m_min(n') <= m_min(n) <= m and touches m too. Hence the count is exactly n, and the
 //    ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
-//  Deadlock freedom (rank = n, any m order): contribution (n, m) waits only for (n-1, m), which
-//  belongs to a tile with a smaller linear index. All G CTAs are resident (1 CTA/SM, G <= #SMs),
-//  each CTA processes its tiles in increasing t, so the unfinished tile with the smallest t never
-//  waits on anything unfinished: the system always makes progress.
+//  Deadlock freedom (rank = n, any m order, either grid): contribution (n, m) waits only for
+//  (n-1, m), which belongs to a tile with a smaller linear index. All G CTAs are resident (1 CTA/SM,
+//  G <= #SMs), tiles are handed out in increasing t and each CTA processes its tiles in increasing t,
+//  so the unfinished tile with the smallest t is held by a running CTA and never waits on anything
+//  unfinished: the system always makes progress.
 //  * Shift (full mask only) and SymmetricShift (causal only, pair grid): see the policies below.
 //
-// Policy interface (all roles of the kernel walk the same sequence independently):
+// Policy interface (all roles of the kernel walk the same sequence; on the dynamic grid next_tile
+// is the tile the CTA's producer claimed, passed on through shared memory):
 //    for (t = first_tile(s, cta); t < s.num_tiles(); t = next_tile(s, t)) {
 //        TileCtx c = make_ctx(s, t); State st = init(s, c);
 //        for (step = 0; step < num_steps(s, c, st); ++step) { m = m_block(s, c, st, step); rank(s, c, st, m); }
@@ -117,11 +121,10 @@ FLASH_DASH_HD int wrap_once(int x, int r) {
 
 enum PolicyMask : int { kAnyMask = 0, kFullOnly = 1, kCausalOnly = 2 };
 
-// CTA -> tile assignment of the static persistent grid. Shared by the static policies.
-struct StaticPersistentGrid {
+// Linear tiles t = (b*H + h)*N + n (n fastest) and the rank rule shared by the grids below.
+struct LinearTiles {
     static constexpr bool kPairGrid = false;
     FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return cta; }
-    FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
     FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int t) {
         TileCtx c;
         c.t = t;
@@ -138,9 +141,23 @@ struct StaticPersistentGrid {
     FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
 };
 
+// Static persistent grid: CTA g runs t = g, g+G, g+2G, ... (Shift needs the rounds this fixes).
+struct StaticPersistentGrid : LinearTiles {
+    static constexpr bool kDynamic = false;
+    FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
+};
+
+// Dynamic persistent grid: CTA g starts with t = g, then claims the next unclaimed tile at run time
+// (tile_ring.hpp), so CTAs that draw short tiles (causal) take more of them. Tiles are claimed in
+// increasing t and every CTA runs its tiles in increasing t, so the deadlock-freedom proof at the top
+// of this file holds for every assignment the hardware produces; the ranks do not depend on it.
+struct DynamicPersistentGrid : LinearTiles {
+    static constexpr bool kDynamic = true;
+};
+
 // Every visible Q tile of the K/V tile once, rank = n; Ascending and Descending differ only in direction.
 template <bool kDescending>
-struct MonotoneWalk : StaticPersistentGrid {
+struct MonotoneWalk : DynamicPersistentGrid {
     static constexpr const char* kName = kDescending ? "descending" : "ascending";
     static constexpr int kMask = kAnyMask;
     struct State {};
@@ -213,6 +230,7 @@ struct SymmetricShift {
     static constexpr const char* kName = "symmetric_shift";
     static constexpr int kMask = kCausalOnly;
     static constexpr bool kPairGrid = true;
+    static constexpr bool kDynamic = false;
     struct State {
         int k;         // slot of the pair in its (head, round) group
         int running;   // R (pairs)
@@ -303,9 +321,10 @@ struct LaunchChoice {
     bool pair_grid;  // SymmetricShift's pair grid
 };
 
-// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered): causal
-// shapes where symmetric_shift applies walk it for its balanced pair grid (a static grid gives the
-// CTAs of one wave triangles of very different lengths), everything else walks Ascending.
+// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only the
+// first store of each dQ tile, by tile n = 0, must come first): causal shapes walk symmetric_shift's
+// balanced pair grid where it applies, else Descending (Ascending would start tile n on row n and
+// wait for tile 0 to get there); full masks walk Ascending.
 // Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
 inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
                                   int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
@@ -314,7 +333,7 @@ inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool c
     ch.pair_grid = false;
     if (ch.used == Schedule::kSymmetricShift &&
         (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {
-        ch.used = deterministic ? Schedule::kDescending : Schedule::kAscending;
+        ch.used = Schedule::kDescending;
     }
     int64_t units = batch_heads * num_n;
     if (ch.used == Schedule::kSymmetricShift) {

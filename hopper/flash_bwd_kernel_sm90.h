@@ -1,5 +1,6 @@
 // Main backward kernel (sm90a): persistent, warp-specialized.
-//   WG0 warp 0: TMA producer (K/V once per tile; Q+LSE and dO+dPsum through 2-stage pipelines).
+//   WG0 warp 0: TMA producer (K/V once per tile; Q+LSE and dO+dPsum through 2-stage pipelines;
+//               on the dynamic grid it also claims the CTA's next tile, tile_ring.hpp).
 //   WG0 warp 1: dQ-store warp (each fresh dQ tile into the fp32 accumulator: the schedule's rank 0
 //               stores, later ranks bulk reduce-add, behind per-(m, b, h) counters: in rank order in
 //               deterministic mode, after rank 0 otherwise).
@@ -33,6 +34,7 @@ struct BwdKernelParams {
     float* dpsum;
     float* lse_log2;
     int* dq_sem;
+    int* tile_counter;  // dynamic grid: tiles claimed after the first G
     float* dk_accum;  // GQA only (nullptr otherwise)
     float* dv_accum;
     int* dkv_sem;
@@ -68,6 +70,17 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
     // Units walked by every role: tiles t on the static grid, 2*chunk + stage on the pair grid
     // (SymmetricShift runs only with N even, so both ranges are [0, B*H*N)).
     int const num_tiles = sched.num_tiles();
+    // Every role's next tile: the static policies compute it; on the dynamic grid the producer
+    // claims and publishes it (k = how many it published before), the other roles read it.
+    using Ring = TileRing<NumMmaThreads + 32>;
+    auto next_claimed = [&](int t, int k) {
+        if constexpr (Policy::kDynamic) { return Ring::publish(ss.tile_ring, k, params.tile_counter, sched.grid); }
+        else { return Policy::next_tile(sched, t); }
+    };
+    auto next_read = [&](int t, int k) {
+        if constexpr (Policy::kDynamic) { return Ring::consume(ss.tile_ring, k); }
+        else { return Policy::next_tile(sched, t); }
+    };
 
     if (warp_idx == 0 && lane == 0) {
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -76,6 +89,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
         ClusterTxBar::init(&ss.barrier_kv, 1);
         ClusterBar::init(&ss.barrier_kv_empty, NumMmaThreads);
+        if constexpr (Policy::kDynamic) { Ring::init(ss.tile_ring); }
     }
 
     typename PipelineQ::Params pq;
@@ -107,7 +121,8 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                 Tensor mV = params.tma_v.get_tma_tensor(shape_k);
                 cutlass::PipelineState<kStages> pipe_write = cutlass::make_producer_start_state<PipelineQ>();
                 int kv_iter = 0;
-                for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = Policy::next_tile(sched, t)) {
+                int claimed = 0;
+                for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_claimed(t, claimed++)) {
                     TileCtx const c = Policy::make_ctx(sched, t);
                     auto const st = Policy::init(sched, c);
                     int const steps = Policy::num_steps(sched, c, st);
@@ -155,7 +170,8 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
-            for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = Policy::next_tile(sched, t)) {
+            int read = 0;
+            for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
                 auto const st = Policy::init(sched, c);
                 int const steps = Policy::num_steps(sched, c, st);
@@ -251,7 +267,8 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         float* sdq_slice = &ss.smem_dqacc[wg * Traits::kdQSliceFloats];
         int const t_in_wg = tid % 128;
 
-        for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = Policy::next_tile(sched, t)) {
+        int read = 0;
+        for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
             TileCtx const c = Policy::make_ctx(sched, t);
             auto const st = Policy::init(sched, c);
             int const steps = Policy::num_steps(sched, c, st);

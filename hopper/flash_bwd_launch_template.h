@@ -23,9 +23,10 @@ inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 //   dpsum     fp32 (B, H, M*kBlockM)
 //   lse_log2  fp32 (B, H, M*kBlockM)
 //   dq_sem    int32 (M, B, H)
+//   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
 //   GQA only: dk_accum, dv_accum fp32 (B, Hk, N*kBlockN, d) row-major; dkv_sem int32 (N, B, Hk)
 struct WorkspaceLayout {
-    size_t dq_accum, dpsum, lse_log2, dq_sem, dk_accum, dv_accum, dkv_sem, total;
+    size_t dq_accum, dpsum, lse_log2, dq_sem, tile_counter, dk_accum, dv_accum, dkv_sem, total;
     bool gqa;
 };
 
@@ -41,6 +42,7 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     w.dpsum = off;    off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
     w.lse_log2 = off; off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
     w.dq_sem = off;   off = align_up(off + size_t(M * bh) * 4);
+    w.tile_counter = off; off = align_up(off + 4);
     w.gqa = p.num_heads_k != p.num_heads;
     if (w.gqa) {
         w.dk_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
@@ -66,19 +68,22 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
     check_cuda(cudaGetLastError(), "main kernel launch");
 }
 
-// Instantiates only what can run (keeps compile time flat): non-deterministic -> Ascending, plus
-// SymmetricShift for causal (choose_launch's balanced pair grid); deterministic full -> Ascending,
-// Descending, Shift; deterministic causal -> Ascending, Descending, SymmetricShift<kBlockN / kBlockM>
-// (when kBlockN % kBlockM == 0; otherwise choose_launch always falls back).
+// Instantiates only what can run (keeps compile time flat): non-deterministic full -> Ascending,
+// non-deterministic causal -> SymmetricShift (choose_launch's balanced pair grid) and Descending;
+// deterministic full -> Ascending, Descending, Shift; deterministic causal -> Ascending, Descending,
+// SymmetricShift<kBlockN / kBlockM> (when kBlockN % kBlockM == 0; otherwise choose_launch always
+// falls back).
 template <class Traits, bool Is_causal, bool Deterministic>
 void dispatch_policy(Schedule used, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
 #ifdef FLASH_DASH_BWD_DEV_ONE
     launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return;
 #endif
     switch (used) {
-        case Schedule::kAscending: launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return;
+        case Schedule::kAscending:
+            if constexpr (Deterministic || !Is_causal) { launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return; }
+            break;
         case Schedule::kDescending:
-            if constexpr (Deterministic) { launch_main<Traits, Is_causal, true, Descending>(kp, grid, stream); return; }
+            if constexpr (Deterministic || Is_causal) { launch_main<Traits, Is_causal, Deterministic, Descending>(kp, grid, stream); return; }
             break;
         case Schedule::kShift:
             if constexpr (Deterministic && !Is_causal) { launch_main<Traits, false, true, Shift>(kp, grid, stream); return; }
@@ -112,9 +117,8 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const M = (p.seqlen_q + kBlockM - 1) / kBlockM;
     int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
     // Policy and grid, exactly as the model's build_orders decides them (plan.schedule_used, num_ctas):
-    // symmetric_shift falls back to descending (non-deterministic: ascending) when sq != sk,
-    // kBlockN % kBlockM != 0 or N is odd, and runs on the pair grid G = min(num_sms, B*H*N/2);
-    // everything else on G = min(num_sms, B*H*N).
+    // symmetric_shift falls back to descending when sq != sk, kBlockN % kBlockM != 0 or N is odd, and
+    // runs on the pair grid G = min(num_sms, B*H*N/2); everything else on G = min(num_sms, B*H*N).
     int64_t const num_tiles64 = int64_t(p.batch) * p.num_heads * N;
     LaunchChoice const choice = choose_launch(p.schedule, p.deterministic, p.is_causal, p.seqlen_q, p.seqlen_k,
                                               kBlockM, kBlockN, N, int64_t(p.batch) * p.num_heads, p.num_sms);
@@ -131,6 +135,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
     pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
     pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
+    pre.tile_counter = reinterpret_cast<int*>(ws + w.tile_counter);
     bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), 256, 0, stream>>>(pre);
     check_cuda(cudaGetLastError(), "preprocess launch");
 
@@ -158,6 +163,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.softmax_scale = p.softmax_scale;
     kp.scale_log2 = p.softmax_scale * float(M_LOG2E);
     kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum); kp.dpsum = pre.dpsum; kp.lse_log2 = pre.lse_log2; kp.dq_sem = pre.dq_sem;
+    kp.tile_counter = pre.tile_counter;
     kp.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
     kp.dv_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dv_accum) : nullptr;
     kp.dkv_sem = w.gqa ? reinterpret_cast<int*>(ws + w.dkv_sem) : nullptr;

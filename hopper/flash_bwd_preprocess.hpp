@@ -1,6 +1,6 @@
 // Backward preprocess: dPsum = rowsum(dO * O) (fp32), LSE in log2 units (-inf -> 0; padded rows 0),
 // zeroed dQ semaphore (the main kernel's first contribution to a dQ tile stores, so the fp32
-// accumulator needs no zero fill). Grid (M, H, B), 256 threads.
+// accumulator needs no zero fill) and tile counter. Grid (M, H, B), 256 threads.
 #pragma once
 #include <cutlass/cutlass.h>
 #include <cutlass/numeric_types.h>
@@ -20,6 +20,7 @@ struct PreprocessParams {
     float* dpsum;
     float* lse_log2;
     int* dq_sem;
+    int* tile_counter;
 };
 
 template <class Element, int kBlockM, int kHeadDim>
@@ -58,6 +59,7 @@ __global__ void __launch_bounds__(256) bwd_preprocess_kernel(PreprocessParams co
         }
     }
     if (threadIdx.x == 0) { p.dq_sem[(int64_t(m) * p.batch + b) * p.heads + h] = 0; }
+    if (threadIdx.x == 0 && m == 0 && h == 0 && b == 0) { *p.tile_counter = 0; }
 }
 
 }  // namespace bwd

@@ -15,6 +15,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "utils.hpp"
+#include "tile_ring.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -93,6 +94,7 @@ struct BwdTraits {
         alignas(16) typename PipelineQ::SharedStorage pipeline_do;
         alignas(8) uint64_t barrier_kv;
         alignas(8) uint64_t barrier_kv_empty;
+        TileRingStorage tile_ring;
     };
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(sizeof(SharedStorage) <= 232448, "smem");

@@ -20,9 +20,10 @@ CASES = [("full", "ascending"), ("full", "descending"), ("full", "shift"), ("cau
          ("causal", "descending"), ("causal", "symmetric_shift")]
 
 
-def dash_setting(mask: str, schedule: str, n: int, m: int) -> Plan:
-    """n K/V tiles per head on n CTAs, m heads, square 64x64 tiles (M = N = n)."""
-    return build_plan(mask, 64 * n, 64 * n, 64, 64, 1, m, n, schedule)
+def dash_setting(mask: str, schedule: str, n: int, m: int, c=3, r=1) -> Plan:
+    """n K/V tiles per head on n CTAs, m heads, square 64x64 tiles (M = N = n); the dynamic grid claims as under
+    costs (c, r)."""
+    return build_plan(mask, 64 * n, 64 * n, 64, 64, 1, m, n, schedule, costs=(float(c), float(r)))
 
 
 @pytest.mark.parametrize("mask, schedule", CASES)
@@ -30,10 +31,14 @@ def test_model_closed_forms(mask, schedule):
     for n in (1, 2, 3, 4, 6, 9, 16):
         if schedule == "symmetric_shift" and n % 2:
             continue
-        for m in (1, 2, 3, 5):
-            plan = dash_setting(mask, schedule, n, m)
-            assert plan.schedule_used == schedule
+        for m in (1, 2, 3, 5, 6):
             for c, r in COSTS:
+                if (mask, schedule) == ("causal", "descending") and r > c:
+                    with pytest.raises(ValueError, match="r > c"):
+                        model_makespan(mask, schedule, n, m, c, r)
+                    continue
+                plan = dash_setting(mask, schedule, n, m, c, r)
+                assert plan.schedule_used == schedule
                 want = model_makespan(mask, schedule, n, m, c, r)
                 assert simulate(plan, c, r).makespan == want, (n, m, c, r)
                 assert critical_path(plan, c, r) == want
@@ -44,7 +49,7 @@ def test_paper_forms_reproduced_by_kernel_orders(mask, schedule):
     for n in (2, 4, 8, 12):
         for m in (2, 4, 6):  # even m: symmetric shift fills every round
             for c, r in COSTS:
-                makespan = simulate(dash_setting(mask, schedule, n, m), c, r).makespan
+                makespan = simulate(dash_setting(mask, schedule, n, m, c, r), c, r).makespan
                 assert makespan == paper_makespan(mask, schedule, n, m, c, r)
 
 
@@ -75,10 +80,24 @@ def test_paper_causal_descending_with_balanced_assignment():
                 assert simulate(plan, c, r).makespan == paper_makespan("causal", "descending", n, m, c, r)
 
 
+def test_dynamic_grid_realises_the_paper_causal_descending_form():
+    """The claims of the dynamic grid pair the heads as the paper's balanced assignment does (r <= c, even m)."""
+    for n in (2, 3, 4, 5, 8):
+        for m in (2, 4, 6):
+            for c, r in COSTS:
+                if r > c:
+                    continue
+                plan = dash_setting("causal", "descending", n, m, c, r)
+                assert simulate(plan, c, r).makespan == paper_makespan("causal", "descending", n, m, c, r)
+                if n > 1 and r < c:  # CTA k runs tile k of head 0, then tile n-1-k of head 1
+                    assert [tiles[:2] for tiles in plan.cta_tiles] == [[(0, 0, k), (0, 1, n - 1 - k)]
+                                                                       for k in range(n)]
+
+
 def test_model_differs_from_paper_where_documented():
-    """Static grid + causal puts tile k of every head on CTA k: no (n+1)/2 balance, as closed_forms.py derives."""
+    """Causal ascending keeps CTA k on tile k of every head (no (n+1)/2 balance), as closed_forms.py derives."""
     n, m, c, r = 8, 4, 3, 1
-    assert model_makespan("causal", "descending", n, m, c, r) == m * n * (c + r)
+    assert model_makespan("causal", "ascending", n, m, c, r) == m * n * (c + r) + (n - 1) * r
     assert paper_makespan("causal", "descending", n, m, c, r) == Fraction(m * (n + 1) * (c + r), 2) + (n - 1) * r
     assert model_makespan("causal", "symmetric_shift", n, 3, c, r) == 2 * (n + 1) * (c + r)  # odd m: half-full round
     with pytest.raises(ValueError, match="mask, schedule"):

@@ -3,7 +3,9 @@
 The C++ program below walks every CTA of the persistent grid through the same policy calls the kernel roles make
 (first_tile/next_tile/make_ctx/init/num_steps/m_block/rank), after the same host-side decision the launch template makes
 (choose_launch: schedule used and grid size).  Its CTA-major step list (cta, b, h, n, m, rank) must equal the model's
-``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.  CPU only: needs g++ (or c++).
+``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.  On the dynamic grid (ascending,
+descending) the CTA of a tile depends on timing, so both sides list every tile's steps in tile order (CTA -1) instead.
+CPU only: needs g++ (or c++).
 """
 from __future__ import annotations
 
@@ -33,18 +35,28 @@ using namespace flash_dash::bwd;
 static std::vector<long long> out;
 
 template <class Policy>
+static void tile_steps(SchedShape const& s, int cta, int t) {
+    TileCtx const c = Policy::make_ctx(s, t);
+    auto const st = Policy::init(s, c);
+    int const steps = Policy::num_steps(s, c, st);
+    for (int step = 0; step < steps; ++step) {
+        int const m = Policy::m_block(s, c, st, step);
+        int const rank = Policy::rank(s, c, st, m);
+        long long const row[6] = {cta, c.b, c.h, c.n, m, rank};
+        out.insert(out.end(), row, row + 6);
+    }
+}
+
+template <class Policy>
 static void walk(SchedShape const& s) {
     int const num_tiles = s.num_tiles();
-    for (int cta = 0; cta < s.grid; ++cta) {
-        for (int t = Policy::first_tile(s, cta); t < num_tiles; t = Policy::next_tile(s, t)) {
-            TileCtx const c = Policy::make_ctx(s, t);
-            auto const st = Policy::init(s, c);
-            int const steps = Policy::num_steps(s, c, st);
-            for (int step = 0; step < steps; ++step) {
-                int const m = Policy::m_block(s, c, st, step);
-                int const rank = Policy::rank(s, c, st, m);
-                long long const row[6] = {cta, c.b, c.h, c.n, m, rank};
-                out.insert(out.end(), row, row + 6);
+    if constexpr (Policy::kDynamic) {  // claim order = tile order; the CTA is decided at run time
+        for (int t = 0; t < num_tiles; ++t) { tile_steps<Policy>(s, -1, t); }
+        return;
+    } else {
+        for (int cta = 0; cta < s.grid; ++cta) {
+            for (int t = Policy::first_tile(s, cta); t < num_tiles; t = Policy::next_tile(s, t)) {
+                tile_steps<Policy>(s, cta, t);
             }
         }
     }
@@ -93,6 +105,7 @@ int main() {
 
 SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
 NAMES = {v: k for k, v in SCHEDULE_IDS.items()}
+DYNAMIC = ("ascending", "descending")
 GRIDS = (1, 7, 78, 114, 132)
 KERNEL_TILES = ((64, 128), (128, 128))  # hdim 128, hdim 64
 MODEL_TILES = KERNEL_TILES + ((64, 64), (80, 128), (64, 96), (96, 128))
@@ -150,6 +163,10 @@ def _check(case, got) -> None:
     assert grid == plan.num_ctas, (case, grid, plan.num_ctas)
     assert pair == (used == "symmetric_shift")
     expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
+    if used in DYNAMIC:  # tile order, CTA unknown (module docstring)
+        tile = (plan.step_b * heads + plan.step_h) * plan.grid.num_n + plan.step_n
+        expect = expect[np.argsort(tile, kind="stable")]
+        expect[:, 0] = -1
     assert body.shape == expect.shape, (case, body.shape, expect.shape)
     if not np.array_equal(body, expect):
         bad = int(np.argmax((body != expect).any(axis=1)))
@@ -270,8 +287,8 @@ def test_mirror_mask_mismatch_rejected(mirror_binary):
 
 
 def test_mirror_nondeterministic_walk(mirror_binary):
-    """Non-deterministic launches pick the walk ops.resolve_schedule reports (symmetric_shift's pair grid for causal
-    where it applies, ascending otherwise, whatever was requested) and the model's steps for that walk."""
+    """Non-deterministic launches pick the walk ops.resolve_schedule reports (causal: symmetric_shift's pair grid where
+    it applies, else descending; full: ascending; whatever was requested) and the model's steps for that walk."""
     from flash_attn_dash.ops import resolve_schedule
     from flash_attn_dash.schedule.tiles import bwd_tile_shape
 

@@ -12,6 +12,7 @@ from flash_attn_dash.schedule.tiles import TileGrid
 
 GRIDS = (1, 7, 78, 114, 132)
 TILES = ((128, 128), (64, 128), (80, 128), (64, 96), (96, 128), (64, 64))
+DYNAMIC = ("ascending", "descending")  # tiles claimed at run time (orders.py)
 
 
 def brute_visible(mask: str, sq: int, sk: int, bm: int, bn: int) -> set[tuple[int, int]]:
@@ -29,7 +30,7 @@ def brute_visible(mask: str, sq: int, sk: int, bm: int, bn: int) -> set[tuple[in
 def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int, num_sms: int,
            schedule: str) -> tuple[str, list[list[tuple[int, int, int, int, int]]]]:
     """Scalar re-implementation of the orders.py docstring, the way a kernel evaluates it: per CTA (b, h, n, m,
-    rank)."""
+    rank); on the dynamic grid (ascending, descending), whose CTAs are decided at run time, one list in tile order."""
     num_m, num_n = -(-sq // bm), -(-sk // bn)
     causal = mask == "causal"
 
@@ -49,9 +50,10 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
     if schedule != "symmetric_shift":
         total = batch * heads * num_n
         g_count = min(num_sms, total)
-        for g in range(g_count):
+        lists = [range(total)] if schedule in DYNAMIC else [range(g, total, g_count) for g in range(g_count)]
+        for tiles in lists:
             tasks = []
-            for t in range(g, total, g_count):
+            for t in tiles:
                 n, q = t % num_n, t // num_n
                 b, h = divmod(q, heads)
                 lo = m_min(n)
@@ -98,10 +100,14 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
 
 
 def plan_tuples(plan) -> list[list[tuple[int, int, int, int, int]]]:
+    """The plan's steps as :func:`mirror` lists them."""
+    cols = [plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank]
+    if plan.schedule_used in DYNAMIC:
+        tile = (plan.step_b * plan.heads + plan.step_h) * plan.grid.num_n + plan.step_n
+        return [[tuple(int(a[i]) for a in cols) for i in np.argsort(tile, kind="stable")]]
     out = []
     for g in range(plan.num_ctas):
         lo, hi = plan.cta_ptr[g], plan.cta_ptr[g + 1]
-        cols = [plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank]
         out.append([tuple(int(a[i]) for a in cols) for i in range(lo, hi)])
     return out
 
@@ -200,9 +206,12 @@ def test_reference_examples():
 def test_ascending_descending_orders():
     plan = build_plan("causal", 300, 500, 64, 128, 2, 3, 7, "descending")
     assert plan.num_ctas == 7
-    for g, tiles in enumerate(plan.cta_tiles):
+    claimed = []
+    for g, tiles in enumerate(plan.cta_tiles):  # dynamic grid: CTA g starts with tile g, then claims in order
         ts = [(b * 3 + h) * plan.grid.num_n + n for b, h, n in tiles]
-        assert ts == list(range(g, 2 * 3 * plan.grid.num_n, 7))
+        assert ts[0] == g and ts == sorted(ts)
+        claimed += ts
+    assert sorted(claimed) == list(range(2 * 3 * plan.grid.num_n))
     for tasks in plan.cta_tasks:
         for (b, h, n, m), nxt in zip(tasks, tasks[1:]):
             if nxt[:3] == (b, h, n):

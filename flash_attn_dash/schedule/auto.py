@@ -88,7 +88,7 @@ def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, 
     schedules = [s for s in SCHEDULES if applicable(s, mask)]
     out = []
     for index, schedule in enumerate(schedules):
-        plan = build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms, schedule)
+        plan = build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms, schedule, costs=(c, r))
         overall = None if progress is None else lambda f, i=index: progress((i + f) / len(schedules))
         timeline = simulate(plan, c, r, overall)
         out.append(Prediction(schedule, plan.schedule_used, plan.description, plan.fallback, float(timeline.makespan),

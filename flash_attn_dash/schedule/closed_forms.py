@@ -10,17 +10,24 @@ Paper forms (DASH, balanced assignment; :func:`paper_makespan`):
     of head 2i, then tile n-1-k of head 2i+1, each descending; with ``r > c`` the reduce chains of one head pair outlast
     the computes and the form no longer holds.
 
-Our exact model (:func:`model_makespan`, the orders of :mod:`.orders` with ``num_sms = n``):
+Our exact model (:func:`model_makespan`, the orders of :mod:`.orders` with ``num_sms = n``; the dynamic grid's claims
+simulated with the same ``c``, ``r``):
 
-* Static persistent grid, ``G = n = N``: tile t goes to CTA ``t mod n``, so CTA k runs tile k of every head.
+* ascending / descending run on the dynamic grid (a freed CTA claims the next tile), shift on the static grid (tile t
+  on CTA ``t mod n``), symmetric shift on the pair grid.
 * full ascending / descending: ``m n (c+r) + (n-1) r``.  The tile on CTA k waits for CTA k-1 on every row, each CTA
-  visits the rows in the same order, so ``T(k, j) = (j+1)(c+r) + k r`` and the stagger carries over from head to head.
+  visits the rows in the same order, so ``T(k, j) = (j+1)(c+r) + k r``: CTAs free up in index order, claim tile k of
+  the next head again, and the stagger carries over from head to head.
 * full shift: ``m n (c+r)``: R = M = n, every rank predecessor ran one step earlier (see :mod:`.orders`), no waits.
-* causal ascending: ``m n (c+r) + (n-1) r``, not ``m (n+1)(c+r)/2 + ...``: CTA k always gets tile k (n-k steps), so
-  CTA 0 runs ``m n`` steps and the grid is unbalanced; tile k starts on row k, which waits for tile k-1's second step:
-  ``T(k, j) = (h n + j + k + 1)(c+r) + k r`` in head h, and the last CTA ends ``(n-1) r`` after CTA 0.
-* causal descending: ``m n (c+r)``: same imbalance, but all tiles start on row n-1 together, ``T(k, j) = h n (c+r) +
-  (j+1)(c+r) + k r``, so CTA k ends head m-1 at ``m n (c+r) - k c`` and CTA 0 (no waits) is last.
+* causal ascending: ``m n (c+r) + (n-1) r``, not ``m (n+1)(c+r)/2 + ...``: tile k (n-k steps) starts on row k, which
+  waits for tile k-1's second step, ``T(k, j) = (h n + j + k + 1)(c+r) + k r`` in head h; every tile of a head ends
+  at ``n (c+r) + k r`` after the head's start, so CTA k claims tile k of every head and CTA 0 runs ``m n`` steps.
+* causal descending, ``r <= c``: the paper's balanced form, ``m (n+1)(c+r)/2 + (n-1) r`` for even m and
+  ``(m-1)(n+1)(c+r)/2 + n (c+r)`` for odd m.  All tiles of head 0 start on row n-1 and tile k ends at ``(n-k)(c+r) +
+  k r``, so the CTAs free up in reverse order and CTA k claims tile n-1-k of head 1 (the paper's head pairs, n+1
+  steps per CTA); the pair ends at ``(n+1)(c+r) + k r`` on CTA k, and the next pair repeats the pattern.  An odd
+  last head runs alone (its tile 0 takes ``n (c+r)``).  No closed form for ``r > c``: the reduce chains then outlast
+  the computes and change the claim order.
 * causal symmetric shift (n even): ``ceil(m/2) (n+1) (c+r)``.  A round holds n pairs = two whole heads, each CTA runs
   ``n + 1`` steps per pair with no waits, and odd m leaves a half-full last round; equal to the paper for even m.
 """
@@ -52,18 +59,22 @@ def paper_makespan(mask: str, schedule: str, n: int, m: int, c: Real, r: Real) -
 
 
 def model_makespan(mask: str, schedule: str, n: int, m: int, c: Real, r: Real) -> Real:
-    """Our exact model's closed form (derivations in the module docstring); symmetric_shift needs n even."""
+    """Our exact model's closed form (derivations in the module docstring); symmetric_shift needs n even, causal
+    descending ``r <= c``."""
     _check(n, m)
     forms = {
         ("full", "ascending"): lambda: m * n * (c + r) + (n - 1) * r,
         ("full", "descending"): lambda: m * n * (c + r) + (n - 1) * r,
         ("full", "shift"): lambda: m * n * (c + r),
         ("causal", "ascending"): lambda: m * n * (c + r) + (n - 1) * r,
-        ("causal", "descending"): lambda: m * n * (c + r),
+        ("causal", "descending"): lambda: (Fraction(m * (n + 1)) * (c + r) / 2 + (n - 1) * r if m % 2 == 0
+                                           else Fraction((m - 1) * (n + 1)) * (c + r) / 2 + n * (c + r)),
         ("causal", "symmetric_shift"): lambda: -(-m // 2) * (n + 1) * (c + r),
     }
     if (mask, schedule) not in forms:
         raise ValueError(f"(mask, schedule) must be one of {sorted(forms)}, got {(mask, schedule)!r}")
     if schedule == "symmetric_shift" and n % 2:
         raise ValueError(f"n must be even for symmetric_shift, got n={n}")
+    if (mask, schedule) == ("causal", "descending") and r > c:
+        raise ValueError(f"causal descending has no closed form for r > c, got c={c!r}, r={r!r}")
     return forms[mask, schedule]()

@@ -4,10 +4,20 @@ Every formula here is written so that a CUDA kernel can evaluate it per tile fro
 the kernels mirror this file.  Notation: ``q = b * H + h`` is the linear (batch, head) index, ``G`` the persistent grid
 size, ``rank`` the position of a contribution in the addition order of its dQ tile ``(b, h, m)``.
 
-Static persistent grid (``ascending``, ``descending``, ``shift``)
-    ``T = B * H * N`` tiles, linear index ``t = q * N + n`` (n fastest).  ``G = min(num_sms, T)``; CTA ``g`` runs
-    ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are co-resident, so
-    the tiles of one round really run concurrently.
+Linear tiles
+    ``T = B * H * N`` tiles, linear index ``t = q * N + n`` (n fastest); ``G = min(num_sms, T)`` co-resident CTAs.
+Static persistent grid (``shift``)
+    CTA ``g`` runs ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are
+    co-resident, so the tiles of one round really run concurrently.
+Dynamic persistent grid (``ascending``, ``descending``)
+    CTA ``g`` starts with ``t = g``; every later tile goes to whichever CTA frees up first (the kernel's producer warp
+    claims it from a global counter), in increasing ``t``.  Which CTA runs a tile therefore depends on timing, but the
+    ranks do not: they follow from the tile alone.  The model's CTA lists are the claims of a greedy simulation under
+    the cost model (:func:`claim_tiles`), its prediction of the run.  Deadlock freedom holds for every claim order:
+    each rank predecessor belongs to a tile with a smaller ``t``, tiles are claimed in increasing ``t`` and each CTA
+    runs its tiles in that order, so the unfinished tile with the smallest ``t`` always progresses.  ``tile_round`` is
+    ``t`` itself (tiles are claimed one at a time), which :meth:`Plan.check`'s round rule then turns into exactly
+    that condition.
 
 ``ascending``
     m from ``m_min(n)`` up to ``M - 1``; ``rank = n``.  (In general the rank is the number of tiles ``n' < n`` that
@@ -45,8 +55,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import heapq
+
 import numpy as np
 
+from .costs import default_costs
 from .tiles import TileGrid
 
 SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
@@ -96,36 +109,96 @@ def _expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tile, np.arange(tile.size, dtype=np.int64) - starts[tile]
 
 
-def _static(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str) -> Orders:
+def _linear_tiles(grid: TileGrid, batch: int, heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per linear tile ``t``: (t, n, q, m_min); ``q = b * H + h``."""
+    t = np.arange(batch * heads * grid.num_n, dtype=np.int64)
+    n = t % grid.num_n
+    return t, n, t // grid.num_n, grid.m_min()[n]
+
+
+def _monotone_m(schedule: str, num_m: int, m_min: np.ndarray, i: np.ndarray) -> np.ndarray:
+    """Q tile of step ``i`` of a tile starting at ``m_min`` (per step) walking ascending or descending."""
+    return m_min + i if schedule == "ascending" else num_m - 1 - i
+
+
+def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, r: float) -> np.ndarray:
+    """CTA of every tile on the dynamic grid: tiles in increasing index go to the CTA that frees up first (ties: lower
+    CTA), the first ``num_ctas`` to CTAs ``0..num_ctas-1``.
+
+    ``lengths``: steps per tile (tiles back to back in index order); ``pred``: per step, the index of its rank
+    predecessor (-1 for rank 0), which must lie in a lower tile.  Step times follow the cost model of
+    :mod:`.simulate`: ``end_i = max(end_{i-1} + c, end[pred_i]) + r``, i.e. with ``d = c + r`` and ``a_i = end[pred_i] +
+    r``, ``end_i = i d + max(start + d, max_{j <= i} (a_j - j d))``.
+    """
+    starts = np.cumsum(lengths) - lengths
+    end = np.zeros(int(lengths.sum()), dtype=np.float64)
+    d = float(c) + float(r)
+    free = [(0.0, g) for g in range(num_ctas)]
+    cta = np.empty(lengths.size, dtype=np.int64)
+    longest = int(lengths.max(initial=0))
+    jd = np.arange(longest, dtype=np.float64) * d
+    for tile in range(lengths.size):
+        t0, g = heapq.heappop(free)
+        cta[tile] = g
+        lo, k = int(starts[tile]), int(lengths[tile])
+        if k:
+            p = pred[lo:lo + k]
+            a = np.where(p >= 0, end[np.maximum(p, 0)] + float(r), -np.inf)
+            e = jd[:k] + np.maximum(t0 + d, np.maximum.accumulate(a - jd[:k]))
+            end[lo:lo + k] = e
+            t0 = float(e[-1])
+        heapq.heappush(free, (t0, g))
+    return cta
+
+
+def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
+             costs: tuple[float, float]) -> Orders:
     num_m, num_n = grid.num_m, grid.num_n
-    total = batch * heads * num_n
-    num_ctas = min(num_sms, total)
-    t = np.arange(total, dtype=np.int64)
-    t = t[np.argsort(t % num_ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
-    n, q = t % num_n, t // num_n
-    m_min = grid.m_min()[n]
+    t, n, q, m_min = _linear_tiles(grid, batch, heads)
+    num_ctas = min(num_sms, t.size)
     lengths = num_m - m_min
     tile, i = _expand(lengths)
+    step_m = _monotone_m(schedule, num_m, m_min[tile], i)
     step_n = n[tile]
-    step_rank = step_n  # ascending and descending: rank = n (see module docstring)
+    # Rank = n: the predecessor of (q, n, m) is (q, n - 1, m), in tile t - 1.
+    key = (q[tile] * num_m + step_m) * num_n + step_n
+    index = np.full(batch * heads * num_m * num_n, -1, dtype=np.int64)
+    index[key] = np.arange(key.size, dtype=np.int64)
+    pred = np.where(step_n > 0, index[np.maximum(key - 1, 0)], -1)
+    cta = claim_tiles(lengths, pred, num_ctas, *costs)
+    order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in increasing t
+    starts = np.cumsum(lengths) - lengths
+    tile2, i2 = _expand(lengths[order])
+    steps = starts[order][tile2] + i2
+    return Orders(num_ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
+                  step_m[steps], step_n[steps], schedule,
+                  f"{schedule} over a dynamic persistent grid of {num_ctas} CTAs (tiles claimed in order)")
+
+
+def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
+    """``shift`` on the static persistent grid (module docstring)."""
+    num_m, num_n = grid.num_m, grid.num_n
+    t, n, q, m_min = _linear_tiles(grid, batch, heads)
+    total = t.size
+    num_ctas = min(num_sms, total)
+    t = t[np.argsort(t % num_ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
+    n, q = t % num_n, t // num_n
+    lengths = num_m - m_min[t]
+    tile, i = _expand(lengths)
+    step_n = n[tile]
+    running_t, finished_t, slot_t = _waves(t, num_n, num_ctas)
+    running, finished, slot = running_t[tile], finished_t[tile], slot_t[tile]
+    fits = running <= num_m
+    step_m = np.where(fits, (slot + i) % num_m, num_m - 1 - i)
+    shifted = finished + (np.minimum(step_m, running - 1) - slot) % running
+    step_rank = np.where(fits, shifted, step_n)
     note = ""
-    if schedule == "ascending":
-        step_m = m_min[tile] + i
-    elif schedule == "descending":
-        step_m = num_m - 1 - i
-    else:  # shift
-        running_t, finished_t, slot_t = _waves(t, num_n, num_ctas)
-        running, finished, slot = running_t[tile], finished_t[tile], slot_t[tile]
-        fits = running <= num_m
-        step_m = np.where(fits, (slot + i) % num_m, num_m - 1 - i)
-        shifted = finished + (np.minimum(step_m, running - 1) - slot) % running
-        step_rank = np.where(fits, shifted, step_n)
-        over = running_t > num_m
-        if over.any():
-            groups = np.unique(q[over] * (total // num_ctas + 1) + t[over] // num_ctas).size
-            note = f"; {groups} (head, round) group(s) have R > M={num_m} and use the descending order"
+    over = running_t > num_m
+    if over.any():
+        groups = np.unique(q[over] * (total // num_ctas + 1) + t[over] // num_ctas).size
+        note = f"; {groups} (head, round) group(s) have R > M={num_m} and use the descending order"
     return Orders(num_ctas, t % num_ctas, t // num_ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
-                  schedule, f"{schedule} over a static persistent grid of {num_ctas} CTAs{note}")
+                  "shift", f"shift over a static persistent grid of {num_ctas} CTAs{note}")
 
 
 def symmetric_shift_fallback(grid: TileGrid) -> str | None:
@@ -142,10 +215,13 @@ def symmetric_shift_fallback(grid: TileGrid) -> str | None:
 
 
 def nondeterministic_walk(grid: TileGrid) -> str:
-    """The walk of a non-deterministic backward (its dQ adds after each tile's first are unordered, so only the work
-    balance matters): ``symmetric_shift``'s pair grid for causal masks where it applies, else ``ascending``.
-    Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
-    return "symmetric_shift" if symmetric_shift_fallback(grid) is None else "ascending"
+    """The walk of a non-deterministic backward (its dQ adds after each tile's first store, by tile n = 0, are
+    unordered, so only the work balance and that first store matter): for causal masks ``symmetric_shift``'s pair
+    grid where it applies, else ``descending`` (``ascending`` would start tile n on row n, which tile 0 reaches only
+    after n steps); ``ascending`` for full masks.  Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
+    if grid.mask == "full":
+        return "ascending"
+    return "symmetric_shift" if symmetric_shift_fallback(grid) is None else "descending"
 
 
 def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
@@ -177,15 +253,21 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
                   "symmetric_shift", f"symmetric_shift over a pair grid of {num_ctas} CTAs (s={s})")
 
 
-def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str) -> Orders:
+def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
+                 costs: tuple[float, float] | None = None) -> Orders:
     """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads and a persistent grid of ``num_sms``
-    CTAs."""
+    CTAs.  ``costs`` = ``(c, r)`` per step drive the dynamic grid's predicted claims (default: :mod:`.costs` for the
+    tile shape; only their ratio matters)."""
+    if costs is None:
+        costs = default_costs(64, grid.block_m, grid.block_n)
     if not applicable(schedule, grid.mask):
         raise ValueError(f"schedule {schedule!r} needs mask {MASK_OF[schedule]!r}, got mask {grid.mask!r}")
     if schedule == "symmetric_shift":
         reason = symmetric_shift_fallback(grid)
         if reason is None:
             return _symmetric(grid, batch, heads, num_sms)
-        orders = _static(grid, batch, heads, num_sms, "descending")
+        orders = _dynamic(grid, batch, heads, num_sms, "descending", costs)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
-    return _static(grid, batch, heads, num_sms, schedule)
+    if schedule == "shift":
+        return _static(grid, batch, heads, num_sms)
+    return _dynamic(grid, batch, heads, num_sms, schedule, costs)

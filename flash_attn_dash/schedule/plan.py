@@ -104,7 +104,8 @@ class Plan:
         co-resident is acyclic; and every rank predecessor runs in the same or an earlier persistent round.  The last
         one is what makes GQA safe: dK/dV semaphores wait on the same n of the previous query head, an earlier
         tile/chunk; within one round a path can only move to a lower (batch, head) through such a wait, so no cycle can
-        close through them.
+        close through them.  On the dynamic grid a round is one tile, so it says that every predecessor lies in an
+        earlier tile, which keeps every claim order deadlock-free (:mod:`.orders`), not only the predicted one.
         """
         grid, o = self.grid, self._orders
         num_m, num_n = grid.num_m, grid.num_n
@@ -155,13 +156,15 @@ class Plan:
 
 
 def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, batch: int, heads: int,
-               num_sms: int, schedule: str, heads_kv: int | None = None) -> Plan:
+               num_sms: int, schedule: str, heads_kv: int | None = None,
+               costs: tuple[float, float] | None = None) -> Plan:
     """Build the plan of ``schedule`` for one backward call.
 
     ``heads`` are query heads; ``heads_kv`` (default ``heads``) must divide it.  GQA changes nothing for dQ (dQ tiles
     are per query head); it only adds dK/dV semaphores, which :meth:`Plan.check` shows cannot deadlock.  ``num_sms`` is
     the persistent grid size the kernel launches with (SM count minus ``sm_margin``); the grid is ``min(num_sms,
-    #tiles)``. The result is a pure function of the arguments.
+    #tiles)``.  ``costs`` = ``(c, r)`` only shape the dynamic grid's predicted claims (ascending/descending; see
+    :mod:`.orders`).  The result is a pure function of the arguments.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
@@ -174,5 +177,5 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     heads_kv = heads if heads_kv is None else heads_kv
     if isinstance(heads_kv, bool) or not isinstance(heads_kv, (int, np.integer)) or heads_kv < 1 or heads % heads_kv:
         raise ValueError(f"heads_kv must be a positive divisor of heads={heads}, got {heads_kv!r}")
-    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule)
+    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs)
     return Plan(grid, int(batch), int(heads), int(heads_kv), int(num_sms), schedule, orders)
