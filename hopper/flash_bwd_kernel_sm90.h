@@ -140,7 +140,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     float const* lse_tile = params.lse_log2 + row_base;
                     float const* dpsum_tile = params.dpsum + row_base;
 
-                    if (kv_iter > 0) { ClusterBar::wait(&ss.barrier_kv_empty, (kv_iter - 1) & 1); }
                     ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
                     copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
                     copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
@@ -162,6 +161,12 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                                       kBlockM * sizeof(float), bdo);
                         ++pipe_write;
                     }
+                    // Wait until the MMA warpgroups are done with this tile's K/V before moving on: the next
+                    // tile's K/V load needs the buffer, and on the dynamic grid the CTA must not claim its next
+                    // tile before it is about to run it (a short tile's loads are issued long before its
+                    // MMAs, which may be waiting on other CTAs; a claim there would stall the claimed
+                    // tile's successors on this CTA).
+                    ClusterBar::wait(&ss.barrier_kv_empty, kv_iter & 1);
                     ++kv_iter;
                 }
                 pipeline_q.producer_tail(pipe_write);
