@@ -60,6 +60,7 @@ struct SchedShape {
     int block_m, block_n;        // kBlockM, kBlockN
     int num_m, num_n;            // M, N
     int grid;                    // G (persistent CTAs): min(num_sms, #tiles), or min(num_sms, #pairs) on the pair grid
+    int claim_group;             // dynamic grid: heads per claim group (claim_group_of)
     bool causal;
     FLASH_DASH_HD int num_tiles() const { return batch * heads * num_n; }
 };
@@ -147,12 +148,34 @@ struct StaticPersistentGrid : LinearTiles {
     FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
 };
 
-// Dynamic persistent grid: CTA g starts with t = g, then claims the next unclaimed tile at run time
-// (tile_ring.hpp), so CTAs that draw short tiles (causal) take more of them. Tiles are claimed in
-// increasing t and every CTA runs its tiles in increasing t, so the deadlock-freedom proof at the top
-// of this file holds for every assignment the hardware produces; the ranks do not depend on it.
+// Dynamic persistent grid: CTA g starts with claim p = g, then claims the next unclaimed p at run time
+// (tile_ring.hpp), so CTAs that draw short tiles (causal) take more of them. Claims go n-major within
+// groups of claim_group heads: p -> group p / (Hg*N), then n, then the head within the group. A head's
+// tiles n-1 and n are then Hg claims apart, so a tile's rank predecessor (n-1, m) has usually started
+// when it is claimed, instead of chaining the claims of one head one after another; groups bound the
+// heads whose Q/dO/dQ are in flight (L2). Every rank predecessor (n-1, same head) and every GQA dK/dV
+// predecessor (same n, previous head) has a smaller p, tiles are claimed in increasing p and every CTA
+// runs its tiles in that order, so the deadlock-freedom proof at the top of this file holds (with p for
+// t) for every assignment the hardware produces; the ranks do not depend on it.
 struct DynamicPersistentGrid : LinearTiles {
     static constexpr bool kDynamic = true;
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int p) {
+        int const per_group = s.claim_group * s.num_n;
+        int const group = p / per_group;
+        int const q0 = group * s.claim_group;
+        int const left = s.batch * s.heads - q0;
+        int const size = left < s.claim_group ? left : s.claim_group;
+        int const in_group = p - group * per_group;
+        TileCtx c;
+        c.t = p;
+        c.n = in_group / size;
+        int const q = q0 + (in_group - c.n * size);
+        c.h = q % s.heads;
+        c.b = q / s.heads;
+        c.m_min = m_min_of(s, c.n);
+        c.m_end = s.num_m;
+        return c;
+    }
 };
 
 // Every visible Q tile of the K/V tile once, rank = n; Ascending and Descending differ only in direction.
@@ -343,6 +366,17 @@ inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool c
     int64_t g = num_sms < units ? int64_t(num_sms) : units;
     ch.grid = int(g < 1 ? 1 : g);
     return ch;
+}
+
+// Heads per claim group of the dynamic grid: the largest power of two <= kClaimSpread * G / N (at
+// least 1, at most B*H), so that one group holds about kClaimSpread waves of tiles. Mirrors orders.py
+// `claim_group`.
+inline int claim_group_of(int num_n, int64_t batch_heads, int grid, int spread) {
+    int64_t want = int64_t(spread) * grid / num_n;
+    if (want > batch_heads) want = batch_heads;
+    int g = 1;
+    while (int64_t(g) * 2 <= want) g *= 2;
+    return g;
 }
 
 // The kernel's 32-bit unit arithmetic needs B*H*N + 2*G < 2^31.

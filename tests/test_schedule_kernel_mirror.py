@@ -4,7 +4,7 @@ The C++ program below walks every CTA of the persistent grid through the same po
 (first_tile/next_tile/make_ctx/init/num_steps/m_block/rank), after the same host-side decision the launch template makes
 (choose_launch: schedule used and grid size).  Its CTA-major step list (cta, b, h, n, m, rank) must equal the model's
 ``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.  On the dynamic grid (ascending,
-descending) the CTA of a tile depends on timing, so both sides list every tile's steps in tile order (CTA -1) instead.
+descending) the CTA of a tile depends on timing, so both sides list every tile's steps in claim order (CTA -1) instead.
 CPU only: needs g++ (or c++).
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ static void tile_steps(SchedShape const& s, int cta, int t) {
 template <class Policy>
 static void walk(SchedShape const& s) {
     int const num_tiles = s.num_tiles();
-    if constexpr (Policy::kDynamic) {  // claim order = tile order; the CTA is decided at run time
+    if constexpr (Policy::kDynamic) {  // every claim in claim order; the CTA is decided at run time
         for (int t = 0; t < num_tiles; ++t) { tile_steps<Policy>(s, -1, t); }
         return;
     } else {
@@ -80,6 +80,7 @@ int main() {
                                               (long long)batch * heads, num_sms);
         if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
         s.grid = ch.grid;
+        s.claim_group = claim_group_of(s.num_n, (long long)batch * heads, ch.grid, 1);
         out.clear();
         switch (ch.used) {
             case Schedule::kAscending: walk<Ascending>(s); break;
@@ -163,9 +164,8 @@ def _check(case, got) -> None:
     assert grid == plan.num_ctas, (case, grid, plan.num_ctas)
     assert pair == (used == "symmetric_shift")
     expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
-    if used in DYNAMIC:  # tile order, CTA unknown (module docstring)
-        tile = (plan.step_b * heads + plan.step_h) * plan.grid.num_n + plan.step_n
-        expect = expect[np.argsort(tile, kind="stable")]
+    if used in DYNAMIC:  # claim order (= the dynamic grid's round), CTA unknown (module docstring)
+        expect = expect[np.argsort(plan.step_round, kind="stable")]
         expect[:, 0] = -1
     assert body.shape == expect.shape, (case, body.shape, expect.shape)
     if not np.array_equal(body, expect):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from flash_attn_dash.schedule import SCHEDULES, ScheduleError, applicable, build_plan, bwd_tile_shape, fwd_tile_shape
+from flash_attn_dash.schedule.orders import claim_group
 from flash_attn_dash.schedule.tiles import TileGrid
 
 GRIDS = (1, 7, 78, 114, 132)
@@ -51,10 +52,16 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
         total = batch * heads * num_n
         g_count = min(num_sms, total)
         lists = [range(total)] if schedule in DYNAMIC else [range(g, total, g_count) for g in range(g_count)]
+        group = claim_group(num_n, batch * heads, g_count)
         for tiles in lists:
             tasks = []
             for t in tiles:
                 n, q = t % num_n, t // num_n
+                if schedule in DYNAMIC:  # claim p = t: n-major within groups of `group` heads
+                    first = t // (group * num_n) * group
+                    size = min(group, batch * heads - first)
+                    n, within = divmod(t - first * num_n, size)
+                    q = first + within
                 b, h = divmod(q, heads)
                 lo = m_min(n)
                 rows = list(range(lo, num_m))
@@ -102,9 +109,8 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
 def plan_tuples(plan) -> list[list[tuple[int, int, int, int, int]]]:
     """The plan's steps as :func:`mirror` lists them."""
     cols = [plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank]
-    if plan.schedule_used in DYNAMIC:
-        tile = (plan.step_b * plan.heads + plan.step_h) * plan.grid.num_n + plan.step_n
-        return [[tuple(int(a[i]) for a in cols) for i in np.argsort(tile, kind="stable")]]
+    if plan.schedule_used in DYNAMIC:  # claim order
+        return [[tuple(int(a[i]) for a in cols) for i in np.argsort(plan.step_round, kind="stable")]]
     out = []
     for g in range(plan.num_ctas):
         lo, hi = plan.cta_ptr[g], plan.cta_ptr[g + 1]
@@ -207,6 +213,7 @@ def test_ascending_descending_orders():
     plan = build_plan("causal", 300, 500, 64, 128, 2, 3, 7, "descending")
     assert plan.num_ctas == 7
     claimed = []
+    assert claim_group(plan.grid.num_n, 2 * 3, 7) == 1  # 7 CTAs < N = 4: head-major claims
     for g, tiles in enumerate(plan.cta_tiles):  # dynamic grid: CTA g starts with tile g, then claims in order
         ts = [(b * 3 + h) * plan.grid.num_n + n for b, h, n in tiles]
         assert ts[0] == g and ts == sorted(ts)

@@ -10,14 +10,16 @@ Static persistent grid (``shift``)
     CTA ``g`` runs ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are
     co-resident, so the tiles of one round really run concurrently.
 Dynamic persistent grid (``ascending``, ``descending``)
-    CTA ``g`` starts with ``t = g``; every later tile goes to whichever CTA frees up first (the kernel's producer warp
-    claims it from a global counter), in increasing ``t``.  Which CTA runs a tile therefore depends on timing, but the
-    ranks do not: they follow from the tile alone.  The model's CTA lists are the claims of a greedy simulation under
-    the cost model (:func:`claim_tiles`), its prediction of the run.  Deadlock freedom holds for every claim order:
-    each rank predecessor belongs to a tile with a smaller ``t``, tiles are claimed in increasing ``t`` and each CTA
-    runs its tiles in that order, so the unfinished tile with the smallest ``t`` always progresses.  ``tile_round`` is
-    ``t`` itself (tiles are claimed one at a time), which :meth:`Plan.check`'s round rule then turns into exactly
-    that condition.
+    Tiles are claimed in the order ``p = 0, 1, ...``: n-major within groups of ``Hg`` heads (:func:`claim_group`),
+    i.e. group ``p // (Hg N)``, then ``n``, then the head within the group.  CTA ``g`` starts with claim ``p = g``;
+    every later claim goes to whichever CTA frees up first (the kernel's producer warp takes it from a global counter
+    when the CTA's MMAs are done with its tile).  Which CTA runs a tile therefore depends on timing, but the ranks do
+    not: they follow from the tile alone.  The model's CTA lists are the claims of a greedy simulation under the cost
+    model (:func:`claim_tiles`), its prediction of the run.  Deadlock freedom holds for every claim order: each rank
+    predecessor ``(n-1, m)`` of the same head has a smaller ``p``, claims are taken in increasing ``p`` and each CTA
+    runs its tiles in that order, so the unfinished tile with the smallest ``p`` always progresses.  ``tile_round`` is
+    ``p`` itself (tiles are claimed one at a time), which :meth:`Plan.check`'s round rule then turns into exactly that
+    condition.
 
 ``ascending``
     m from ``m_min(n)`` up to ``M - 1``; ``rank = n``.  (In general the rank is the number of tiles ``n' < n`` that
@@ -121,6 +123,18 @@ def _monotone_m(schedule: str, num_m: int, m_min: np.ndarray, i: np.ndarray) -> 
     return m_min + i if schedule == "ascending" else num_m - 1 - i
 
 
+CLAIM_SPREAD = 1
+
+
+def claim_group(num_n: int, batch_heads: int, num_ctas: int, spread: int = CLAIM_SPREAD) -> int:
+    """Heads per claim group of the dynamic grid: the largest power of two ``<= spread * G / N``, at least 1 and at
+    most ``B * H``, so that a group holds about ``spread`` waves of tiles.  Tiles n-1 and n of a head are then ``Hg``
+    claims apart (the predecessor has usually started when its successor is claimed), and only ``Hg`` heads' Q/dO/dQ
+    are in flight per group.  Mirrors hopper/bwd_schedule.hpp ``claim_group_of``."""
+    want = min(spread * num_ctas // num_n, batch_heads)
+    return 1 << max(0, int(want).bit_length() - 1) if want >= 1 else 1
+
+
 def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, r: float) -> np.ndarray:
     """CTA of every tile on the dynamic grid: tiles in increasing index go to the CTA that frees up first (ties: lower
     CTA), the first ``num_ctas`` to CTAs ``0..num_ctas-1``.
@@ -154,13 +168,22 @@ def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, 
 def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
              costs: tuple[float, float]) -> Orders:
     num_m, num_n = grid.num_m, grid.num_n
-    t, n, q, m_min = _linear_tiles(grid, batch, heads)
+    bh = batch * heads
+    t = np.arange(bh * num_n, dtype=np.int64)  # claim order p
     num_ctas = min(num_sms, t.size)
+    group_heads = claim_group(num_n, bh, num_ctas)
+    group = t // (group_heads * num_n)
+    first = group * group_heads
+    size = np.minimum(group_heads, bh - first)
+    in_group = t - group * group_heads * num_n
+    n = in_group // size
+    q = first + in_group - n * size
+    m_min = grid.m_min()[n]
     lengths = num_m - m_min
     tile, i = _expand(lengths)
     step_m = _monotone_m(schedule, num_m, m_min[tile], i)
     step_n = n[tile]
-    # Rank = n: the predecessor of (q, n, m) is (q, n - 1, m), in tile t - 1.
+    # Rank = n: the predecessor of (q, n, m) is (q, n - 1, m), claimed earlier.
     key = (q[tile] * num_m + step_m) * num_n + step_n
     index = np.full(batch * heads * num_m * num_n, -1, dtype=np.int64)
     index[key] = np.arange(key.size, dtype=np.int64)
@@ -172,7 +195,8 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     steps = starts[order][tile2] + i2
     return Orders(num_ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
                   step_m[steps], step_n[steps], schedule,
-                  f"{schedule} over a dynamic persistent grid of {num_ctas} CTAs (tiles claimed in order)")
+                  f"{schedule} over a dynamic persistent grid of {num_ctas} CTAs (claims n-major in groups of "
+                  f"{group_heads} head(s))")
 
 
 def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
