@@ -368,11 +368,14 @@ inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool c
     return ch;
 }
 
-// Heads per claim group of the dynamic grid: the largest power of two <= kClaimSpread * G / N (at
-// least 1, at most B*H), so that one group holds about kClaimSpread waves of tiles. Mirrors orders.py
+// Heads per claim group of the dynamic grid: the largest power of two <= 4 G / M (at least 1, at most
+// B*H). Consecutive tiles of a head are Hg claims apart; measured on the H200 (benchmarks/results/
+// 2026-11-30-0450-claim-spread-sweep.md), they need about 4 waves' worth of Q-tile steps between them
+// (fewer heads per group let rank chains advance only at the claim rate). The group's Q/dO/dQ then
+// take about 4 G * kBlockM * d * 8 bytes (~35 MB at both head dims) of L2. Mirrors orders.py
 // `claim_group`.
-inline int claim_group_of(int num_n, int64_t batch_heads, int grid, int spread) {
-    int64_t want = int64_t(spread) * grid / num_n;
+inline int claim_group_of(int num_m, int64_t batch_heads, int grid) {
+    int64_t want = int64_t(4) * grid / (num_m > 0 ? num_m : 1);
     if (want > batch_heads) want = batch_heads;
     int g = 1;
     while (int64_t(g) * 2 <= want) g *= 2;

@@ -3,7 +3,6 @@
 #include <stdexcept>
 #include <string>
 #include <algorithm>
-#include <cstdlib>
 #include <cuda_runtime.h>
 #include "kernel_api.h"
 #include "flash_bwd_kernel_sm90.h"
@@ -159,11 +158,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
     s.grid = grid; s.causal = p.is_causal;
-    {   // EXPERIMENT (remove): claim spread from the environment, default 1
-        char const* env = std::getenv("FLASH_DASH_CLAIM_SPREAD");
-        int const spread = env ? std::atoi(env) : 1;
-        s.claim_group = spread <= 0 ? 1 : claim_group_of(N, int64_t(p.batch) * p.num_heads, grid, spread);
-    }
+    s.claim_group = claim_group_of(M, int64_t(p.batch) * p.num_heads, grid);
     kp.head_dim = kHeadDim;
     kp.group = p.num_heads / p.num_heads_k;
     kp.softmax_scale = p.softmax_scale;

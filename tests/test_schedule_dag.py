@@ -21,9 +21,9 @@ CASES = [("full", "ascending"), ("full", "descending"), ("full", "shift"), ("cau
 
 
 def dash_setting(mask: str, schedule: str, n: int, m: int, c=3, r=1) -> Plan:
-    """n K/V tiles per head on n CTAs, m heads, square 64x64 tiles (M = N = n); the dynamic grid claims as under
-    costs (c, r)."""
-    return build_plan(mask, 64 * n, 64 * n, 64, 64, 1, m, n, schedule, costs=(float(c), float(r)))
+    """n K/V tiles per head on n CTAs, m heads, square 64x64 tiles (M = N = n); the dynamic grid claims head-major
+    (claim group 1, as closed_forms.py derives) as under costs (c, r)."""
+    return build_plan(mask, 64 * n, 64 * n, 64, 64, 1, m, n, schedule, costs=(float(c), float(r)), claim_heads=1)
 
 
 @pytest.mark.parametrize("mask, schedule", CASES)

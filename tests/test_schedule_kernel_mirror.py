@@ -80,7 +80,7 @@ int main() {
                                               (long long)batch * heads, num_sms);
         if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
         s.grid = ch.grid;
-        s.claim_group = claim_group_of(s.num_n, (long long)batch * heads, ch.grid, 1);
+        s.claim_group = claim_group_of(s.num_m, (long long)batch * heads, ch.grid);
         out.clear();
         switch (ch.used) {
             case Schedule::kAscending: walk<Ascending>(s); break;

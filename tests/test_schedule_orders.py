@@ -52,7 +52,7 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
         total = batch * heads * num_n
         g_count = min(num_sms, total)
         lists = [range(total)] if schedule in DYNAMIC else [range(g, total, g_count) for g in range(g_count)]
-        group = claim_group(num_n, batch * heads, g_count)
+        group = claim_group(num_m, batch * heads, g_count)
         for tiles in lists:
             tasks = []
             for t in tiles:
@@ -213,12 +213,18 @@ def test_ascending_descending_orders():
     plan = build_plan("causal", 300, 500, 64, 128, 2, 3, 7, "descending")
     assert plan.num_ctas == 7
     claimed = []
-    assert claim_group(plan.grid.num_n, 2 * 3, 7) == 1  # 7 CTAs < N = 4: head-major claims
-    for g, tiles in enumerate(plan.cta_tiles):  # dynamic grid: CTA g starts with tile g, then claims in order
-        ts = [(b * 3 + h) * plan.grid.num_n + n for b, h, n in tiles]
-        assert ts[0] == g and ts == sorted(ts)
-        claimed += ts
-    assert sorted(claimed) == list(range(2 * 3 * plan.grid.num_n))
+    num_n = plan.grid.num_n
+    assert claim_group(plan.grid.num_m, 2 * 3, 7) == 4  # 4 * 7 // M = 5 -> 4 heads per group
+    claim = {}  # (q, n) -> claim index: n-major in the groups {0..3}, {4, 5}
+    for first, size in ((0, 4), (4, 2)):
+        for n in range(num_n):
+            for q in range(first, first + size):
+                claim[q, n] = len(claim)
+    for g, tiles in enumerate(plan.cta_tiles):  # dynamic grid: CTA g starts with claim g, then claims in order
+        ps = [claim[b * 3 + h, n] for b, h, n in tiles]
+        assert ps[0] == g and ps == sorted(ps)
+        claimed += ps
+    assert sorted(claimed) == list(range(2 * 3 * num_n))
     for tasks in plan.cta_tasks:
         for (b, h, n, m), nxt in zip(tasks, tasks[1:]):
             if nxt[:3] == (b, h, n):

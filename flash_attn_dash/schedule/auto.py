@@ -37,11 +37,14 @@ class MeasuredPreference:
     source: str
 
 
-# Measured on our H200 where the model's tie rule would pick otherwise. At 2k-8k it predicts shift within 1% of
-# ascending, the kernels measure it 2-34% faster; at 16k descending measured 0.9-1.9% above ascending (0.2-0.9%
-# above shift) in both full-grid runs. Outside these ranges the model decides.
+# Measured on our H200 where the model's tie rule would pick otherwise. Full masks: at 2k-8k it predicts shift within
+# 1% of ascending, the kernels measured it 2-34% faster (static-grid ascending); at 16k descending measured 0.9-1.9%
+# above ascending (0.2-0.9% above shift) in both full-grid runs. Causal: the model puts descending on the dynamic grid
+# 2-3% ahead of symmetric_shift, the kernels measured symmetric_shift 3-7% faster at hdim 64 and within 2% at
+# hdim 128 (it does not model the claim latency). Outside these ranges the model decides.
 _QUICK_0219 = "benchmarks/results/2026-11-30-0219-attn-quick.json"
 _GRID = "benchmarks/results/2026-11-30-0331-attn.json and 2026-11-30-0340-attn.json"
+_SWEEP = "benchmarks/results/2026-11-30-0450-claim-spread-sweep.md"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
     MeasuredPreference("full", 64, 2048, 8192, "shift",
                        f"{_QUICK_0219}: shift 434/516 vs ascending 333/462 TFLOP/s at 2k/8k"),
@@ -51,6 +54,11 @@ MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
                        f"{_GRID}: descending 544/530 vs ascending 534/520, shift 539/529 TFLOP/s at 16k"),
     MeasuredPreference("full", 128, 16384, 16384, "descending",
                        f"{_GRID}: descending 590/579 vs ascending 583/574, shift 588/575 TFLOP/s at 16k"),
+    MeasuredPreference("causal", 64, 1024, 16384, "symmetric_shift",
+                       f"{_SWEEP}: symmetric_shift 294/389/466/497/526 vs descending 277/379/443/473/499 TFLOP/s "
+                       "at 1k-16k"),
+    MeasuredPreference("causal", 128, 1024, 16384, "symmetric_shift",
+                       f"{_SWEEP}: symmetric_shift 314/418/498/551 vs descending 309/424/505/559 TFLOP/s at 1k-8k"),
 )
 
 

@@ -11,7 +11,8 @@ Paper forms (DASH, balanced assignment; :func:`paper_makespan`):
     the computes and the form no longer holds.
 
 Our exact model (:func:`model_makespan`, the orders of :mod:`.orders` with ``num_sms = n``; the dynamic grid's claims
-simulated with the same ``c``, ``r``):
+head-major (claim group 1; the kernel groups heads, see :func:`.orders.claim_group`) and simulated with the same ``c``,
+``r``):
 
 * ascending / descending run on the dynamic grid (a freed CTA claims the next tile), shift on the static grid (tile t
   on CTA ``t mod n``), symmetric shift on the pair grid.

@@ -123,16 +123,14 @@ def _monotone_m(schedule: str, num_m: int, m_min: np.ndarray, i: np.ndarray) -> 
     return m_min + i if schedule == "ascending" else num_m - 1 - i
 
 
-CLAIM_SPREAD = 1
-
-
-def claim_group(num_n: int, batch_heads: int, num_ctas: int, spread: int = CLAIM_SPREAD) -> int:
-    """Heads per claim group of the dynamic grid: the largest power of two ``<= spread * G / N``, at least 1 and at
-    most ``B * H``, so that a group holds about ``spread`` waves of tiles.  Tiles n-1 and n of a head are then ``Hg``
-    claims apart (the predecessor has usually started when its successor is claimed), and only ``Hg`` heads' Q/dO/dQ
-    are in flight per group.  Mirrors hopper/bwd_schedule.hpp ``claim_group_of``."""
-    want = min(spread * num_ctas // num_n, batch_heads)
-    return 1 << max(0, int(want).bit_length() - 1) if want >= 1 else 1
+def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
+    """Heads per claim group of the dynamic grid: the largest power of two ``<= 4 G / M``, at least 1 and at most
+    ``B * H``.  Consecutive tiles of a head are then ``Hg`` claims apart, about 4 waves' worth of Q-tile steps, which
+    the H200 needed (benchmarks/results/2026-11-30-0450-claim-spread-sweep.md: with fewer heads per group the rank
+    chains of a head advance only at the claim rate, which this model, claiming instantly, does not see).  Mirrors
+    hopper/bwd_schedule.hpp ``claim_group_of``."""
+    want = min(4 * num_ctas // max(num_m, 1), batch_heads)
+    return 1 << (int(want).bit_length() - 1) if want >= 1 else 1
 
 
 def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, r: float) -> np.ndarray:
@@ -166,12 +164,12 @@ def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, 
 
 
 def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
-             costs: tuple[float, float]) -> Orders:
+             costs: tuple[float, float], claim_heads: int | None) -> Orders:
     num_m, num_n = grid.num_m, grid.num_n
     bh = batch * heads
     t = np.arange(bh * num_n, dtype=np.int64)  # claim order p
     num_ctas = min(num_sms, t.size)
-    group_heads = claim_group(num_n, bh, num_ctas)
+    group_heads = claim_group(num_m, bh, num_ctas) if claim_heads is None else min(claim_heads, bh)
     group = t // (group_heads * num_n)
     first = group * group_heads
     size = np.minimum(group_heads, bh - first)
@@ -278,10 +276,11 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
 
 
 def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
-                 costs: tuple[float, float] | None = None) -> Orders:
+                 costs: tuple[float, float] | None = None, claim_heads: int | None = None) -> Orders:
     """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads and a persistent grid of ``num_sms``
     CTAs.  ``costs`` = ``(c, r)`` per step drive the dynamic grid's predicted claims (default: :mod:`.costs` for the
-    tile shape; only their ratio matters)."""
+    tile shape; only their ratio matters); ``claim_heads`` overrides its claim group (default: the kernel's
+    :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`)."""
     if costs is None:
         costs = default_costs(64, grid.block_m, grid.block_n)
     if not applicable(schedule, grid.mask):
@@ -290,8 +289,8 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
         reason = symmetric_shift_fallback(grid)
         if reason is None:
             return _symmetric(grid, batch, heads, num_sms)
-        orders = _dynamic(grid, batch, heads, num_sms, "descending", costs)
+        orders = _dynamic(grid, batch, heads, num_sms, "descending", costs, claim_heads)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
     if schedule == "shift":
         return _static(grid, batch, heads, num_sms)
-    return _dynamic(grid, batch, heads, num_sms, schedule, costs)
+    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads)

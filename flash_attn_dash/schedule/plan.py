@@ -157,14 +157,15 @@ class Plan:
 
 def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, batch: int, heads: int,
                num_sms: int, schedule: str, heads_kv: int | None = None,
-               costs: tuple[float, float] | None = None) -> Plan:
+               costs: tuple[float, float] | None = None, claim_heads: int | None = None) -> Plan:
     """Build the plan of ``schedule`` for one backward call.
 
     ``heads`` are query heads; ``heads_kv`` (default ``heads``) must divide it.  GQA changes nothing for dQ (dQ tiles
     are per query head); it only adds dK/dV semaphores, which :meth:`Plan.check` shows cannot deadlock.  ``num_sms`` is
     the persistent grid size the kernel launches with (SM count minus ``sm_margin``); the grid is ``min(num_sms,
     #tiles)``.  ``costs`` = ``(c, r)`` only shape the dynamic grid's predicted claims (ascending/descending; see
-    :mod:`.orders`).  The result is a pure function of the arguments.
+    :mod:`.orders`) and ``claim_heads`` overrides its claim group (default: the kernel's rule).  The result is a pure
+    function of the arguments.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
@@ -177,5 +178,8 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     heads_kv = heads if heads_kv is None else heads_kv
     if isinstance(heads_kv, bool) or not isinstance(heads_kv, (int, np.integer)) or heads_kv < 1 or heads % heads_kv:
         raise ValueError(f"heads_kv must be a positive divisor of heads={heads}, got {heads_kv!r}")
-    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs)
+    if claim_heads is not None and (isinstance(claim_heads, bool) or not isinstance(claim_heads, (int, np.integer))
+                                    or claim_heads < 1):
+        raise ValueError(f"claim_heads must be a positive integer or None, got {claim_heads!r}")
+    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads)
     return Plan(grid, int(batch), int(heads), int(heads_kv), int(num_sms), schedule, orders)
