@@ -344,16 +344,15 @@ struct LaunchChoice {
     bool pair_grid;  // SymmetricShift's pair grid
 };
 
-// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only each
-// dQ tile's rank-0 store must come first): causal shapes walk symmetric_shift's balanced pair grid
-// where it applies, else Descending (Ascending would start tile n on row n and wait for tile 0 to get
-// there); full masks walk Shift (every row's rank-0 contribution is a first step: no waits, and no
-// claim latency on the static grid).
+// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only the
+// first store of each dQ tile, by tile n = 0, must come first): causal shapes walk symmetric_shift's
+// balanced pair grid where it applies, else Descending (Ascending would start tile n on row n and
+// wait for tile 0 to get there); full masks walk Ascending.
 // Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
 inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
                                   int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
     LaunchChoice ch;
-    ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kShift);
+    ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kAscending);
     ch.pair_grid = false;
     if (ch.used == Schedule::kSymmetricShift &&
         (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {
