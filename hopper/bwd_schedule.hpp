@@ -338,16 +338,34 @@ inline const char* mask_mismatch(Schedule schedule, bool causal) {
     return nullptr;
 }
 
+// Heads per claim group of the dynamic grid: the largest power of two <= 4 G / M (at least 1, at most
+// B*H). Consecutive tiles of a head are Hg claims apart; measured on the H200 (benchmarks/results/
+// 2026-11-30-0450-claim-spread-sweep.md), they need about 4 waves' worth of Q-tile steps between them
+// (fewer heads per group let rank chains advance only at the claim rate). The group's Q/dO/dQ then
+// take about 4 G * kBlockM * d * 8 bytes (~35 MB at both head dims) of L2. Mirrors orders.py
+// `claim_group`.
+inline int claim_group_of(int num_m, int64_t batch_heads, int grid) {
+    int64_t want = int64_t(4) * grid / (num_m > 0 ? num_m : 1);
+    if (want > batch_heads) want = batch_heads;
+    int g = 1;
+    while (int64_t(g) * 2 <= want) g *= 2;
+    return g;
+}
+
 struct LaunchChoice {
     Schedule used;   // the policy that runs (the model's plan.schedule_used in deterministic mode)
     int grid;        // G
     bool pair_grid;  // SymmetricShift's pair grid
+    int claim_group; // dynamic grid: heads per claim group (SchedShape::claim_group)
 };
 
 // Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only the
 // first store of each dQ tile, by tile n = 0, must come first): causal shapes walk symmetric_shift's
 // balanced pair grid where it applies, else Descending (Ascending would start tile n on row n and
-// wait for tile 0 to get there); full masks walk Ascending.
+// wait for tile 0 to get there); full masks walk Ascending. Claims on the dynamic grid: grouped
+// (claim_group_of) in deterministic mode; head-major (groups of 1 head, the most L2 reuse) otherwise,
+// since unordered adds form no rank chains to spread out (measured: non-det hdim 128 full 512/1k/2k
+// 342/449/537 TFLOP/s head-major in 2026-11-30-0440-attn vs 325/435/522 grouped in 0458).
 // Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
 inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
                                   int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
@@ -365,21 +383,8 @@ inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool c
     }
     int64_t g = num_sms < units ? int64_t(num_sms) : units;
     ch.grid = int(g < 1 ? 1 : g);
+    ch.claim_group = deterministic ? claim_group_of((seqlen_q + block_m - 1) / block_m, batch_heads, ch.grid) : 1;
     return ch;
-}
-
-// Heads per claim group of the dynamic grid: the largest power of two <= 4 G / M (at least 1, at most
-// B*H). Consecutive tiles of a head are Hg claims apart; measured on the H200 (benchmarks/results/
-// 2026-11-30-0450-claim-spread-sweep.md), they need about 4 waves' worth of Q-tile steps between them
-// (fewer heads per group let rank chains advance only at the claim rate). The group's Q/dO/dQ then
-// take about 4 G * kBlockM * d * 8 bytes (~35 MB at both head dims) of L2. Mirrors orders.py
-// `claim_group`.
-inline int claim_group_of(int num_m, int64_t batch_heads, int grid) {
-    int64_t want = int64_t(4) * grid / (num_m > 0 ? num_m : 1);
-    if (want > batch_heads) want = batch_heads;
-    int g = 1;
-    while (int64_t(g) * 2 <= want) g *= 2;
-    return g;
 }
 
 // The kernel's 32-bit unit arithmetic needs B*H*N + 2*G < 2^31.

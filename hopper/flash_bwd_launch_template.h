@@ -158,7 +158,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
     s.grid = grid; s.causal = p.is_causal;
-    s.claim_group = claim_group_of(M, int64_t(p.batch) * p.num_heads, grid);
+    s.claim_group = choice.claim_group;
     kp.head_dim = kHeadDim;
     kp.group = p.num_heads / p.num_heads_k;
     kp.softmax_scale = p.softmax_scale;

@@ -19,7 +19,7 @@ def test_pick_is_applicable_and_valid(mask, head_dim):
 
 
 def test_causal_dash_grid_picks_symmetric_shift():
-    name, reason = choose_schedule("causal", 128, 2048, 2048, 8, 16, 132)
+    name, reason = choose_schedule("causal", 128, 1024, 1024, 16, 16, 132)
     assert name == "symmetric_shift" and "measured" in reason
     # The model alone: both balanced orders far ahead of ascending (whose rank chains start on the diagonal).
     predictions = predict("causal", 128, 2048, 2048, 8, 16, 132)
@@ -62,10 +62,11 @@ def test_bad_mask():
         predict("local", 64, 128, 128, 1, 1, 1)
 
 
-@pytest.mark.parametrize("head_dim,seqlen,expect", [(64, 2048, "shift"), (128, 8192, "shift"),
-                                                     (64, 16384, "descending"), (128, 16384, "descending")])
-def test_committed_measurements_drive_full_mask_picks(head_dim, seqlen, expect):
-    """The DASH-grid full-mask shapes pick what the committed H200 runs measured fastest (auto.MEASURED_PREFERENCES)."""
+@pytest.mark.parametrize("mask,head_dim,seqlen,expect", [
+    ("full", 64, 512, "shift"), ("full", 128, 16384, "shift"), ("causal", 64, 16384, "symmetric_shift"),
+    ("causal", 128, 1024, "symmetric_shift"), ("causal", 128, 2048, "descending"), ("causal", 128, 16384, "descending")])
+def test_committed_measurements_drive_dash_grid_picks(mask, head_dim, seqlen, expect):
+    """The DASH-grid shapes pick what the committed H200 runs measured fastest (auto.MEASURED_PREFERENCES)."""
     heads = 2048 // head_dim
-    name, reason = choose_schedule("full", head_dim, seqlen, seqlen, max(1, 16384 // seqlen), heads, 132)
+    name, reason = choose_schedule(mask, head_dim, seqlen, seqlen, max(1, 16384 // seqlen), heads, 132)
     assert name == expect and "measured" in reason

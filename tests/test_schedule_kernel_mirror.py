@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from flash_attn_dash.schedule import build_plan
+from flash_attn_dash.schedule.orders import NONDETERMINISTIC_CLAIM_HEADS, claim_group
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -80,7 +81,7 @@ int main() {
                                               (long long)batch * heads, num_sms);
         if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
         s.grid = ch.grid;
-        s.claim_group = claim_group_of(s.num_m, (long long)batch * heads, ch.grid);
+        s.claim_group = ch.claim_group;
         out.clear();
         switch (ch.used) {
             case Schedule::kAscending: walk<Ascending>(s); break;
@@ -96,7 +97,7 @@ int main() {
                 }
                 break;
         }
-        std::printf("%d %d %d %zu\n", int(ch.used), ch.grid, int(ch.pair_grid), out.size() / 6);
+        std::printf("%d %d %d %d %zu\n", int(ch.used), ch.grid, int(ch.pair_grid), ch.claim_group, out.size() / 6);
         for (size_t i = 0; i < out.size(); ++i) std::printf("%lld%c", out[i], i + 1 == out.size() ? '\n' : ' ');
         if (out.empty()) std::printf("\n");
     }
@@ -148,18 +149,22 @@ def _run(exe: Path, cases: list[tuple], deterministic: bool = True) -> list:
         if head[0] in ("mismatch", "toobig"):
             results.append(head[0])
             continue
-        used, grid, pair, count = (int(x) for x in head)
+        used, grid, pair, group, count = (int(x) for x in head)
         body = np.array(lines[i].split(), dtype=np.int64).reshape(count, 6) if count else np.zeros((0, 6), np.int64)
         i += 1
-        results.append((NAMES[used], grid, bool(pair), body))
+        results.append((NAMES[used], grid, bool(pair), group, body))
     return results
 
 
-def _check(case, got) -> None:
+def _check(case, got, deterministic: bool = True) -> None:
     mask, sq, sk, bm, bn, batch, heads, num_sms, schedule = case
-    plan = build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule)
+    claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
+    plan = build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads)
     assert not isinstance(got, str), (case, got)
-    used, grid, pair, body = got
+    used, grid, pair, group, body = got
+    if used in DYNAMIC:
+        want = claim_group(plan.grid.num_m, batch * heads, plan.num_ctas) if deterministic else claim_heads
+        assert group == want, (case, group, want)
     assert used == plan.schedule_used, (case, used, plan.schedule_used)
     assert grid == plan.num_ctas, (case, grid, plan.num_ctas)
     assert pair == (used == "symmetric_shift")
@@ -288,7 +293,8 @@ def test_mirror_mask_mismatch_rejected(mirror_binary):
 
 def test_mirror_nondeterministic_walk(mirror_binary):
     """Non-deterministic launches pick the walk ops.resolve_schedule reports (causal: symmetric_shift's pair grid where
-    it applies, else descending; full: ascending; whatever was requested) and the model's steps for that walk."""
+    it applies, else descending; full: ascending; whatever was requested), head-major claims on the dynamic grid, and
+    the model's steps for that walk."""
     from flash_attn_dash.ops import resolve_schedule
     from flash_attn_dash.schedule.tiles import bwd_tile_shape
 
@@ -305,4 +311,4 @@ def test_mirror_nondeterministic_walk(mirror_binary):
         mask, sq, sk, bm, bn, batch, heads, g, requested = case
         expect = resolve_schedule(requested, mask == "causal", False, (batch, sq, heads, d), sk, g)
         assert got[0] == expect, (case, got[0], expect)
-        _check((mask, sq, sk, bm, bn, batch, heads, g, expect), got)
+        _check((mask, sq, sk, bm, bn, batch, heads, g, expect), got, deterministic=False)

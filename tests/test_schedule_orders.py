@@ -351,9 +351,9 @@ def test_large_plan_is_fast():
 def test_auto_respects_allowed_schedules():
     from flash_attn_dash.schedule.auto import choose_schedule
 
-    free, _ = choose_schedule("causal", 128, 8192, 8192, 2, 16, 132)
+    free, _ = choose_schedule("causal", 64, 8192, 8192, 2, 32, 132)
     assert free == "symmetric_shift"
-    name, reason = choose_schedule("causal", 128, 8192, 8192, 2, 16, 132, allowed=("ascending", "descending"))
+    name, reason = choose_schedule("causal", 64, 8192, 8192, 2, 32, 132, allowed=("ascending", "descending"))
     assert name in ("ascending", "descending") and name in reason
 
 
@@ -362,7 +362,7 @@ def test_measured_preferences_override_the_model_tie_rule():
 
     assert MEASURED_PREFERENCES, "the committed measurements must be wired in"
     name, reason = choose_schedule("full", 64, 8192, 8192, 2, 32, 132)
-    assert name == "shift" and "measured" in reason and "attn-quick.json" in reason
+    assert name == "shift" and "measured" in reason and "0458-attn.json" in reason
     # outside the measured ranges the model decides again
-    name, reason = choose_schedule("full", 64, 12288, 12288, 1, 32, 132)
+    name, reason = choose_schedule("full", 64, 384, 384, 40, 32, 132)
     assert "measured" not in reason

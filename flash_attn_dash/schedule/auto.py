@@ -37,28 +37,29 @@ class MeasuredPreference:
     source: str
 
 
-# Measured on our H200 where the model's tie rule would pick otherwise. Full masks: at 2k-8k it predicts shift within
-# 1% of ascending, the kernels measured it 2-34% faster (static-grid ascending); at 16k descending measured 0.9-1.9%
-# above ascending (0.2-0.9% above shift) in both full-grid runs. Causal: the model puts descending on the dynamic grid
-# 2-3% ahead of symmetric_shift, the kernels measured symmetric_shift 3-7% faster at hdim 64 and within 2% at
-# hdim 128 (it does not model the claim latency). Outside these ranges the model decides.
-_QUICK_0219 = "benchmarks/results/2026-11-30-0219-attn-quick.json"
-_GRID = "benchmarks/results/2026-11-30-0331-attn.json and 2026-11-30-0340-attn.json"
+# Measured on our H200 where the model's tie rule would pick otherwise (dynamic-grid ascending/descending, tree
+# 881345f, full grid 0458 plus the claim-group sweep). Full masks: the model puts ascending, descending and shift within
+# 1% of each other; shift measured fastest or tied at every point (e.g. hdim 128 2k/16k: 508/585 vs ascending
+# 494/563, descending 504/573). Causal: the model puts descending 2-3% ahead of symmetric_shift (it does not model the
+# claim latency); symmetric_shift measured 2-7% faster at hdim 64 everywhere and at hdim 128 512/1k, descending 1-4%
+# faster at hdim 128 2k-16k in both runs. Outside these ranges the model decides.
+_GRID = "benchmarks/results/2026-11-30-0458-attn.json"
 _SWEEP = "benchmarks/results/2026-11-30-0450-claim-spread-sweep.md"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
-    MeasuredPreference("full", 64, 2048, 8192, "shift",
-                       f"{_QUICK_0219}: shift 434/516 vs ascending 333/462 TFLOP/s at 2k/8k"),
-    MeasuredPreference("full", 128, 2048, 8192, "shift",
-                       f"{_QUICK_0219}: shift 446/560 vs ascending 403/550 TFLOP/s at 2k/8k"),
-    MeasuredPreference("full", 64, 16384, 16384, "descending",
-                       f"{_GRID}: descending 544/530 vs ascending 534/520, shift 539/529 TFLOP/s at 16k"),
-    MeasuredPreference("full", 128, 16384, 16384, "descending",
-                       f"{_GRID}: descending 590/579 vs ascending 583/574, shift 588/575 TFLOP/s at 16k"),
-    MeasuredPreference("causal", 64, 1024, 16384, "symmetric_shift",
-                       f"{_SWEEP}: symmetric_shift 294/389/466/497/526 vs descending 277/379/443/473/499 TFLOP/s "
-                       "at 1k-16k"),
-    MeasuredPreference("causal", 128, 1024, 16384, "symmetric_shift",
-                       f"{_SWEEP}: symmetric_shift 314/418/498/551 vs descending 309/424/505/559 TFLOP/s at 1k-8k"),
+    MeasuredPreference("full", 64, 512, 16384, "shift",
+                       f"{_GRID}: shift 314/407/482/528/546/537 vs ascending 312/400/477/516/540/527 TFLOP/s "
+                       "at 512-16k"),
+    MeasuredPreference("full", 128, 512, 16384, "shift",
+                       f"{_GRID}: shift 334/424/508/564/578/585 vs descending 323/423/504/555/576/573 TFLOP/s "
+                       "at 512-16k"),
+    MeasuredPreference("causal", 64, 512, 16384, "symmetric_shift",
+                       f"{_GRID}: symmetric_shift 195/292/388/464/500/532 vs descending 191/274/379/442/479/495 "
+                       f"TFLOP/s at 512-16k; {_SWEEP}"),
+    MeasuredPreference("causal", 128, 512, 1024, "symmetric_shift",
+                       f"{_GRID}: symmetric_shift 207/313 vs descending 196/310 TFLOP/s at 512/1k"),
+    MeasuredPreference("causal", 128, 2048, 16384, "descending",
+                       f"{_GRID}: descending 424/506/555/578 vs symmetric_shift 414/497/551/557 TFLOP/s at 2k-16k; "
+                       f"{_SWEEP}: 424/505/559 vs 418/498/551 at 2k-8k"),
 )
 
 

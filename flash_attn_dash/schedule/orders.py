@@ -133,6 +133,13 @@ def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
     return 1 << (int(want).bit_length() - 1) if want >= 1 else 1
 
 
+NONDETERMINISTIC_CLAIM_HEADS = 1
+"""Claim group of non-deterministic backwards on the dynamic grid: head-major (the most L2 reuse), since unordered
+adds form no rank chains to spread out (measured on the H200: hdim 128 full 512/1k/2k non-det 342/449/537 TFLOP/s
+head-major, benchmarks/results/2026-11-30-0440-attn.md, vs 325/435/522 grouped, 0458).  Mirrors
+hopper/bwd_schedule.hpp ``choose_launch``."""
+
+
 def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, r: float) -> np.ndarray:
     """CTA of every tile on the dynamic grid: tiles in increasing index go to the CTA that frees up first (ties: lower
     CTA), the first ``num_ctas`` to CTAs ``0..num_ctas-1``.
