@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         typename Mainloop::StateKV st_k, st_v;
         Mainloop::scheduler_init(tid / 128);
 
-        for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             int const n_max = Mainloop::n_block_max(params, tile.m_block);
             clear(tOrO);

@@ -100,7 +100,7 @@ struct FwdMainloopSm90 {
         StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
         StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
 
-        for (int t = blockIdx.x; t < sched.total; t += gridDim.x) {
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             int const n_max = n_block_max(p, tile.m_block);
             if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading

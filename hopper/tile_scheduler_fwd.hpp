@@ -3,6 +3,13 @@
 #pragma once
 #include <cute/config.hpp>
 
+// Variant knob (default 0): causal rounds alternate direction (odd rounds j*grid + grid-1-i), so the CTA
+// that took a round's longest tile takes the next round's shortest. Plain round-robin hands CTA 0 the
+// longest tile of every LPT round; its excess accumulates over the rounds.
+#ifndef FLASH_DASH_FWD_SNAKE
+#define FLASH_DASH_FWD_SNAKE 0
+#endif
+
 namespace flash_dash {
 
 struct FwdTile {
@@ -19,6 +26,15 @@ struct FwdTileScheduler {
     CUTE_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int num_heads_, int batch, bool lpt_)
         : num_m_blocks(num_m_blocks_), num_heads(num_heads_), num_bh(num_heads_ * batch),
           total(num_m_blocks_ * num_heads_ * batch), lpt(lpt_) {}
+
+    // This CTA's tile after t (>= total: done). Round-robin: t + grid. Snake: t sits at offset
+    // o = t % grid of its round; the next round's offset is grid-1-o, i.e. t + 2*grid - 1 - 2*o
+    // (still increasing in t).
+    CUTE_DEVICE int next_tile(int t) const {
+        int const grid = int(gridDim.x);
+        if (FLASH_DASH_FWD_SNAKE && lpt) { return t + 2 * grid - 1 - 2 * (t % grid); }
+        return t + grid;
+    }
 
     CUTE_DEVICE FwdTile decode(int t) const {
         int m, bh;
