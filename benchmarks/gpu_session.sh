@@ -5,9 +5,11 @@
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
 #   steps: build tests sanitize bench (quick) bench-attn bench-block variants (default: build tests sanitize bench variants)
 #
-# Forward variants: every folder .prebuilt/<name>/ holding `make kernels` objects (built with the
-# NVCC_APPEND_FLAGS recorded in its flags.txt) is linked in turn with FLASH_DASH_PASSES=fwd and probed
-# with benchmarks/fwd_variants.py and the bf16 forward tests. Logs go to OUTDIR as tars (few files back).
+# Variants: every folder .prebuilt/<name>/ holding `make kernels` objects and a flags.txt (what differs)
+# is linked in turn. Forward variants (fwd objects only, FLASH_DASH_PASSES=fwd) are probed with
+# benchmarks/fwd_variants.py and the bf16 forward tests; whole-build variants (bf16 fwd + bwd objects)
+# run benchmarks/bench_attn.py with the arguments in their bench_args.txt (compare with the bench-attn
+# step of the same call). Logs go to OUTDIR as tars (few files back).
 set -u -o pipefail
 OUTDIR=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
@@ -64,6 +66,16 @@ if has variants; then
     [ -f "$dir/flags.txt" ] || continue  # other prebuilt folders (e.g. whole-build objects) are not variants
     name=$(basename "$dir")
     BUILD_TAG=$name
+    if [ -f "$dir/bench_args.txt" ]; then
+      build FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
+      # shellcheck disable=SC2046  # the file holds several arguments
+      timeout 200 python3 benchmarks/bench_attn.py $(cat "$dir/bench_args.txt") --json "$LOG/bench-$name.json" \
+        > "$LOG/bench-$name.txt" 2>&1
+      summary+=("variant $name ($(cat "$dir/flags.txt")): bench rc $?")
+      grep -E "^(dash|cuDNN|SDPA)" "$LOG/bench-$name.txt"
+      pack
+      continue
+    fi
     build FLASH_DASH_PASSES=fwd FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
     timeout 120 python3 -m pytest -q -p no:cacheprovider -k dtype0 tests/test_fwd_gpu.py > "$LOG/fwd-$name.log" 2>&1
     summary+=("variant $name ($(cat "$dir/flags.txt")): tests $(tail -1 "$LOG/fwd-$name.log")")
