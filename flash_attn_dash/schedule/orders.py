@@ -111,18 +111,6 @@ def _expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return tile, np.arange(tile.size, dtype=np.int64) - starts[tile]
 
 
-def _linear_tiles(grid: TileGrid, batch: int, heads: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Per linear tile ``t``: (t, n, q, m_min); ``q = b * H + h``."""
-    t = np.arange(batch * heads * grid.num_n, dtype=np.int64)
-    n = t % grid.num_n
-    return t, n, t // grid.num_n, grid.m_min()[n]
-
-
-def _monotone_m(schedule: str, num_m: int, m_min: np.ndarray, i: np.ndarray) -> np.ndarray:
-    """Q tile of step ``i`` of a tile starting at ``m_min`` (per step) walking ascending or descending."""
-    return m_min + i if schedule == "ascending" else num_m - 1 - i
-
-
 def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
     """Heads per claim group of the dynamic grid: the largest power of two ``<= 4 G / M``, at least 1 and at most
     ``B * H``.  Consecutive tiles of a head are then ``Hg`` claims apart, about 4 waves' worth of Q-tile steps, which
@@ -186,7 +174,7 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     m_min = grid.m_min()[n]
     lengths = num_m - m_min
     tile, i = _expand(lengths)
-    step_m = _monotone_m(schedule, num_m, m_min[tile], i)
+    step_m = m_min[tile] + i if schedule == "ascending" else num_m - 1 - i
     step_n = n[tile]
     # Rank = n: the predecessor of (q, n, m) is (q, n - 1, m), claimed earlier.
     key = (q[tile] * num_m + step_m) * num_n + step_n
@@ -207,12 +195,12 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
 def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     """``shift`` on the static persistent grid (module docstring)."""
     num_m, num_n = grid.num_m, grid.num_n
-    t, n, q, m_min = _linear_tiles(grid, batch, heads)
-    total = t.size
+    total = batch * heads * num_n
     num_ctas = min(num_sms, total)
+    t = np.arange(total, dtype=np.int64)
     t = t[np.argsort(t % num_ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
     n, q = t % num_n, t // num_n
-    lengths = num_m - m_min[t]
+    lengths = num_m - grid.m_min()[n]
     tile, i = _expand(lengths)
     step_n = n[tile]
     running_t, finished_t, slot_t = _waves(t, num_n, num_ctas)
