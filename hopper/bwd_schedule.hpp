@@ -11,9 +11,10 @@
 //  * K/V tile n is visited by the Q tiles m in [m_min(n), M), with
 //      m_min(n) = max(0, floor((n*kBlockN - (sk - sq)) / kBlockM))   (floor, also for negatives)
 //    for causal and m_min = 0 for full masks.
-//  * Linear tile t in [0, B*H*N), n = t % N, h = (t / N) % H, b = t / (N*H); G = min(num_sms, B*H*N)
-//    CTAs. Static persistent grid (Shift): CTA g processes t = g, g+G, g+2G, ...  Dynamic persistent
-//    grid (Ascending, Descending): CTA g starts with t = g and then claims the next unclaimed t.
+//  * G = min(num_sms, B*H*N) CTAs. Static persistent grid (Shift): linear tile t in [0, B*H*N),
+//    n = t % N, h = (t / N) % H, b = t / (N*H); CTA g processes t = g, g+G, g+2G, ...  Dynamic
+//    persistent grid (Ascending, Descending): tiles in claim order p (n-major within groups of heads,
+//    see DynamicPersistentGrid); CTA g starts with p = g and then claims the next unclaimed p.
 //  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min.
 //  * rank(n, m) = #{ n' < n : tile n' touches m }.
 //    Proof that this equals n for the full and causal masks: m_min(n') is non-decreasing in n'
@@ -21,10 +22,10 @@
 //    n' < n has m_min(n') <= m_min(n) <= m and touches m too. Hence the count is exactly n, and the
 //    ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
 //  Deadlock freedom (rank = n, any m order, either grid): contribution (n, m) waits only for
-//  (n-1, m), which belongs to a tile with a smaller linear index. All G CTAs are resident (1 CTA/SM,
-//  G <= #SMs), tiles are handed out in increasing t and each CTA processes its tiles in increasing t,
-//  so the unfinished tile with the smallest t is held by a running CTA and never waits on anything
-//  unfinished: the system always makes progress.
+//  (n-1, m), which belongs to a tile earlier in the grid's order (t, or p on the dynamic grid). All G
+//  CTAs are resident (1 CTA/SM, G <= #SMs), tiles are handed out in that order and each CTA processes
+//  its tiles in that order, so the unfinished tile that comes first is held by a running CTA and never
+//  waits on anything unfinished: the system always makes progress.
 //  * Shift (full mask only) and SymmetricShift (causal only, pair grid): see the policies below.
 //
 // Policy interface (all roles of the kernel walk the same sequence; on the dynamic grid next_tile
@@ -122,10 +123,20 @@ FLASH_DASH_HD int wrap_once(int x, int r) {
 
 enum PolicyMask : int { kAnyMask = 0, kFullOnly = 1, kCausalOnly = 2 };
 
-// Linear tiles t = (b*H + h)*N + n (n fastest) and the rank rule shared by the grids below.
+// What the one-tile-per-unit grids below share: CTA g starts with unit g, and the rank rule.
 struct LinearTiles {
     static constexpr bool kPairGrid = false;
     FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return cta; }
+    // General rank formula: number of n' < n whose tile touches m. For the full and causal masks it
+    // is exactly n (see the proof at the top of this file), which is what the kernel uses.
+    FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
+};
+
+// Static persistent grid: linear tiles t = (b*H + h)*N + n (n fastest); CTA g runs t = g, g+G, g+2G, ...
+// (Shift needs the rounds this fixes).
+struct StaticPersistentGrid : LinearTiles {
+    static constexpr bool kDynamic = false;
+    FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
     FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int t) {
         TileCtx c;
         c.t = t;
@@ -137,15 +148,6 @@ struct LinearTiles {
         c.m_end = s.num_m;
         return c;
     }
-    // General rank formula: number of n' < n whose tile touches m. For the full and causal masks it
-    // is exactly n (see the proof at the top of this file), which is what the kernel uses.
-    FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
-};
-
-// Static persistent grid: CTA g runs t = g, g+G, g+2G, ... (Shift needs the rounds this fixes).
-struct StaticPersistentGrid : LinearTiles {
-    static constexpr bool kDynamic = false;
-    FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
 };
 
 // Dynamic persistent grid: CTA g starts with claim p = g, then claims the next unclaimed p at run time

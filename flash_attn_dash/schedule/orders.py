@@ -182,10 +182,8 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     index[key] = np.arange(key.size, dtype=np.int64)
     pred = np.where(step_n > 0, index[np.maximum(key - 1, 0)], -1)
     cta = claim_tiles(lengths, pred, num_ctas, *costs)
-    order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in increasing t
-    starts = np.cumsum(lengths) - lengths
-    tile2, i2 = _expand(lengths[order])
-    steps = starts[order][tile2] + i2
+    order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in claim order
+    steps = np.argsort(cta[tile], kind="stable")  # the same for the steps, each tile's steps in order
     return Orders(num_ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
                   step_m[steps], step_n[steps], schedule,
                   f"{schedule} over a dynamic persistent grid of {num_ctas} CTAs (claims n-major in groups of "
