@@ -24,7 +24,7 @@ def resolve_schedule(
 
     Non-deterministic backwards ignore ``schedule`` (their dQ adds are unordered) and walk the tiles the fastest
     way: for causal masks "symmetric_shift" where it applies (equal work per CTA on the pair grid), else
-    "descending"; for full masks "ascending". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd
+    "descending"; for full masks "shift". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd
     K/V tile count) runs "descending". ``shift`` stays "shift": only (head, wave) groups with more K/V tiles in
     flight than Q tiles fall back. The kernel's launcher applies the same rules (hopper/bwd_schedule.hpp,
     choose_launch).

@@ -361,18 +361,19 @@ struct LaunchChoice {
     int claim_group; // dynamic grid: heads per claim group (SchedShape::claim_group)
 };
 
-// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only the
-// first store of each dQ tile, by tile n = 0, must come first): causal shapes walk symmetric_shift's
-// balanced pair grid where it applies, else Descending (Ascending would start tile n on row n and
-// wait for tile 0 to get there); full masks walk Ascending. Claims on the dynamic grid: grouped
-// (claim_group_of) in deterministic mode; head-major (groups of 1 head, the most L2 reuse) otherwise,
-// since unordered adds form no rank chains to spread out (measured: non-det hdim 128 full 512/1k/2k
-// 342/449/537 TFLOP/s head-major in 2026-11-30-0440-attn vs 325/435/522 grouped in 0458).
+// Decides policy and grid. Non-deterministic runs ignore `requested` (adds are unordered; only each
+// dQ tile's rank-0 store must come first): causal shapes walk symmetric_shift's balanced pair grid
+// where it applies, else Descending (Ascending would start tile n on row n and wait for tile 0 to get
+// there); full masks walk Shift (every row's rank-0 contribution is a first step, and the static grid
+// has no claim latency: hdim 128 full 4k 613 vs 577 TFLOP/s on the dynamic grid, 2026-11-30
+// session-4 first call). Claims on the dynamic grid: grouped (claim_group_of) in deterministic mode;
+// head-major (groups of 1 head, the most L2 reuse) otherwise, since unordered adds form no rank chains
+// to spread out.
 // Preconditions: the schedule is valid and matches the mask, batch/heads/num_n >= 1.
 inline LaunchChoice choose_launch(Schedule requested, bool deterministic, bool causal, int seqlen_q, int seqlen_k,
                                   int block_m, int block_n, int num_n, int64_t batch_heads, int num_sms) {
     LaunchChoice ch;
-    ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kAscending);
+    ch.used = deterministic ? requested : (causal ? Schedule::kSymmetricShift : Schedule::kShift);
     ch.pair_grid = false;
     if (ch.used == Schedule::kSymmetricShift &&
         (!causal || symmetric_shift_fallback(seqlen_q, seqlen_k, block_m, block_n, num_n) != nullptr)) {

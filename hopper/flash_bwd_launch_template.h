@@ -68,7 +68,7 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
     check_cuda(cudaGetLastError(), "main kernel launch");
 }
 
-// Instantiates only what can run (keeps compile time flat): non-deterministic full -> Ascending,
+// Instantiates only what can run (keeps compile time flat): non-deterministic full -> Shift,
 // non-deterministic causal -> SymmetricShift (choose_launch's balanced pair grid) and Descending;
 // deterministic full -> Ascending, Descending, Shift; deterministic causal -> Ascending, Descending,
 // SymmetricShift<kBlockN / kBlockM> (when kBlockN % kBlockM == 0; otherwise choose_launch always
@@ -80,13 +80,13 @@ void dispatch_policy(Schedule used, BwdKernelParams<Traits> const& kp, int grid,
 #endif
     switch (used) {
         case Schedule::kAscending:
-            if constexpr (Deterministic || !Is_causal) { launch_main<Traits, Is_causal, Deterministic, Ascending>(kp, grid, stream); return; }
+            if constexpr (Deterministic) { launch_main<Traits, Is_causal, true, Ascending>(kp, grid, stream); return; }
             break;
         case Schedule::kDescending:
             if constexpr (Deterministic || Is_causal) { launch_main<Traits, Is_causal, Deterministic, Descending>(kp, grid, stream); return; }
             break;
         case Schedule::kShift:
-            if constexpr (Deterministic && !Is_causal) { launch_main<Traits, false, true, Shift>(kp, grid, stream); return; }
+            if constexpr (!Is_causal) { launch_main<Traits, false, Deterministic, Shift>(kp, grid, stream); return; }
             break;
         case Schedule::kSymmetricShift:
             if constexpr (Is_causal && Traits::kBlockN % Traits::kBlockM == 0) {

@@ -33,8 +33,6 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
-//   FLASH_DASH_FWD_SNAKE=1                 causal LPT rounds dealt in alternating directions
-//                                          (tile_scheduler_fwd.hpp)
 //   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
 //                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------

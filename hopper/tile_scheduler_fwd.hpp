@@ -1,14 +1,11 @@
-// Static persistent tile scheduler for the forward kernel: CTA i takes tiles i, i + grid, ...
+// Static persistent tile scheduler for the forward kernel. Full masks: CTA i takes tiles i, i + grid, ...
+// Causal (longest tiles first): rounds of `grid` tiles are dealt in alternating directions, so the CTA
+// that took a round's longest tile takes the next round's shortest (plain round-robin hands CTA 0 the
+// longest tile of every round: +6-11% at hdim 128 causal 4k-16k on the H200,
+// benchmarks/results/2026-11-30-session4-gpu-tests-419a1ea.txt).
 // The producer warp and the consumer warpgroups walk the same sequence independently.
 #pragma once
 #include <cute/config.hpp>
-
-// Variant knob (default 0): causal rounds alternate direction (odd rounds j*grid + grid-1-i), so the CTA
-// that took a round's longest tile takes the next round's shortest. Plain round-robin hands CTA 0 the
-// longest tile of every LPT round; its excess accumulates over the rounds.
-#ifndef FLASH_DASH_FWD_SNAKE
-#define FLASH_DASH_FWD_SNAKE 0
-#endif
 
 namespace flash_dash {
 
@@ -27,12 +24,11 @@ struct FwdTileScheduler {
         : num_m_blocks(num_m_blocks_), num_heads(num_heads_), num_bh(num_heads_ * batch),
           total(num_m_blocks_ * num_heads_ * batch), lpt(lpt_) {}
 
-    // This CTA's tile after t (>= total: done). Round-robin: t + grid. Snake: t sits at offset
-    // o = t % grid of its round; the next round's offset is grid-1-o, i.e. t + 2*grid - 1 - 2*o
-    // (still increasing in t).
+    // This CTA's tile after t (>= total: done). Causal: t sits at offset o = t % grid of its round; the
+    // next round's offset is grid-1-o, i.e. t + 2*grid - 1 - 2*o (still increasing in t).
     CUTE_DEVICE int next_tile(int t) const {
         int const grid = int(gridDim.x);
-        if (FLASH_DASH_FWD_SNAKE && lpt) { return t + 2 * grid - 1 - 2 * (t % grid); }
+        if (lpt) { return t + 2 * grid - 1 - 2 * (t % grid); }
         return t + grid;
     }
 

@@ -95,8 +95,8 @@ def test_backward_schedule_used_reports_the_order_that_runs():
     assert backward_schedule_used(q, q, causal=True, schedule="symmetric_shift") == "symmetric_shift"
     k = torch.empty(1, 3000, 8, 128)  # seqlen_q != seqlen_k: symmetric_shift falls back
     assert backward_schedule_used(q, k, causal=True, schedule="symmetric_shift") == "descending"
-    # Non-deterministic: causal walks the balanced pair grid where it applies, else descending; full walks ascending.
+    # Non-deterministic: causal walks the balanced pair grid where it applies, else descending; full walks shift.
     assert backward_schedule_used(q, q, causal=True, deterministic=False, schedule="descending") == "symmetric_shift"
     assert backward_schedule_used(q, k, causal=True, deterministic=False) == "descending"
-    assert backward_schedule_used(q, q, causal=False, deterministic=False, schedule="shift") == "ascending"
+    assert backward_schedule_used(q, q, causal=False, deterministic=False, schedule="shift") == "shift"
     assert backward_schedule_used(q, q, causal=False, schedule="shift") == "shift"

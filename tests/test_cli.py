@@ -21,7 +21,7 @@ def test_table_lists_every_schedule(capsys):
     assert "batch=8 heads=32" in full and "grid 114" in causal
     for out in (full, causal):
         assert out.count("<- auto") == 1 and "auto -> " in out
-    assert "non-deterministic backward walks: ascending" in full
+    assert "non-deterministic backward walks: shift" in full
     assert "non-deterministic backward walks: symmetric_shift" in causal
 
 

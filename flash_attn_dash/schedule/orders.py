@@ -230,12 +230,13 @@ def symmetric_shift_fallback(grid: TileGrid) -> str | None:
 
 
 def nondeterministic_walk(grid: TileGrid) -> str:
-    """The walk of a non-deterministic backward (its dQ adds after each tile's first store, by tile n = 0, are
-    unordered, so only the work balance and that first store matter): for causal masks ``symmetric_shift``'s pair
-    grid where it applies, else ``descending`` (``ascending`` would start tile n on row n, which tile 0 reaches only
-    after n steps); ``ascending`` for full masks.  Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
+    """The walk of a non-deterministic backward (its dQ adds after each tile's rank-0 store are unordered, so only
+    the work balance and that first store matter): for causal masks ``symmetric_shift``'s pair grid where it applies,
+    else ``descending`` (``ascending`` would start tile n on row n, which tile 0 reaches only after n steps);
+    ``shift`` for full masks (each row's rank-0 contribution is a first step, and the static grid has no claim
+    latency).  Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
     if grid.mask == "full":
-        return "ascending"
+        return "shift"
     return "symmetric_shift" if symmetric_shift_fallback(grid) is None else "descending"
 
 
