@@ -42,14 +42,7 @@
 #pragma once
 #include <cstdint>
 #include "flash_params.h"
-
-#ifndef FLASH_DASH_HD
-#if defined(__CUDACC__)
-#define FLASH_DASH_HD __host__ __device__ __forceinline__
-#else
-#define FLASH_DASH_HD inline
-#endif
-#endif
+#include "host_device.hpp"
 
 namespace flash_dash {
 namespace bwd {

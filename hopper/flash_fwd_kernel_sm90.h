@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     PipelineKV pipe_v(ss.pipeline_v, pkv, Shape<_1, _1, _1>{});
     __syncthreads();
 
-    FwdTileScheduler const sched(params.num_m_blocks, params.num_heads, params.batch, params.is_causal);
+    FwdTileScheduler const sched(params.num_m_blocks, params.num_heads, params.batch, params.is_causal, int(gridDim.x));
 
     if (is_producer) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();

@@ -1,11 +1,19 @@
-// Static persistent tile scheduler for the forward kernel. Full masks: CTA i takes tiles i, i + grid, ...
-// Causal (longest tiles first): rounds of `grid` tiles are dealt in alternating directions, so the CTA
-// that took a round's longest tile takes the next round's shortest (plain round-robin hands CTA 0 the
-// longest tile of every round: +6-11% at hdim 128 causal 4k-16k on the H200,
-// benchmarks/results/2026-11-30-session4-gpu-tests-419a1ea.txt).
-// The producer warp and the consumer warpgroups walk the same sequence independently.
+// Static persistent tile scheduler for the forward kernel: which (m block, head, batch) tile a CTA
+// runs next. The producer warp and the consumer warpgroups walk the same sequence independently.
+//  * Full masks: CTA i takes tiles i, i + grid, ...; the m blocks of one (b, h) are neighbours, so the
+//    tiles running at once share K/V in L2.
+//  * Causal: longest tiles (largest m) first, within groups of head_group (b, h) pairs (the last group
+//    also takes the remainder): a group's tiles run m-level by m-level, so the ~grid tiles in flight
+//    read the K/V of ~grid/4 heads, each from L2 about 4 times. Ordering every (b, h) of an m-level
+//    before the next made the tiles in flight read up to `grid` heads' K/V from HBM: hdim 128 causal
+//    2k/4k 464/576 -> 534/602 TFLOP/s on the H200 (benchmarks/results/2026-11-30-session4-gpu-tests-
+//    fwd-variants.txt). head_group * num_m_blocks is a multiple of grid where possible, so every
+//    round of `grid` tiles lies inside one group and is sorted longest first; rounds are dealt in
+//    alternating directions, so the CTA that took a round's longest tile takes the next round's
+//    shortest (round-robin hands CTA 0 the longest tile of every round: +6-11% at hdim 128 causal
+//    4k-16k, benchmarks/results/2026-11-30-session4-gpu-tests-419a1ea.txt).
 #pragma once
-#include <cute/config.hpp>
+#include "host_device.hpp"
 
 namespace flash_dash {
 
@@ -16,30 +24,48 @@ struct FwdTile {
 struct FwdTileScheduler {
     int num_m_blocks;
     int num_heads;
-    int num_bh;  // batch * num_heads
-    int total;   // num_m_blocks * num_bh
-    bool lpt;    // causal: heaviest m-blocks (largest m) first
+    int num_bh;      // batch * num_heads
+    int total;       // num_m_blocks * num_bh
+    int grid;        // CTAs launched
+    int head_group;  // causal: (b, h) pairs per group
+    int num_groups;  // causal: >= 1; the last group holds num_bh - (num_groups - 1) * head_group pairs
+    bool lpt;        // causal: heaviest m-blocks (largest m) first
 
-    CUTE_HOST_DEVICE FwdTileScheduler(int num_m_blocks_, int num_heads_, int batch, bool lpt_)
+    FLASH_DASH_HD FwdTileScheduler(int num_m_blocks_, int num_heads_, int batch, bool lpt_, int grid_)
         : num_m_blocks(num_m_blocks_), num_heads(num_heads_), num_bh(num_heads_ * batch),
-          total(num_m_blocks_ * num_heads_ * batch), lpt(lpt_) {}
+          total(num_m_blocks_ * num_heads_ * batch), grid(grid_),
+          head_group(head_group_of(num_m_blocks_, grid_)), lpt(lpt_) {
+        num_groups = num_bh / head_group > 1 ? num_bh / head_group : 1;
+    }
+
+    // The largest multiple of grid / gcd(M, grid) (the fewest heads whose M tiles fill whole rounds)
+    // that is <= grid / 4, or that unit itself when it is larger.
+    FLASH_DASH_HD static int head_group_of(int num_m, int grid) {
+        int a = num_m, b = grid;
+        while (b != 0) { int const r = a % b; a = b; b = r; }
+        int const unit = grid / a;
+        int const cap = grid / 4 > 0 ? grid / 4 : 1;
+        return unit <= cap ? cap / unit * unit : unit;
+    }
 
     // This CTA's tile after t (>= total: done). Causal: t sits at offset o = t % grid of its round; the
     // next round's offset is grid-1-o, i.e. t + 2*grid - 1 - 2*o (still increasing in t).
-    CUTE_DEVICE int next_tile(int t) const {
-        int const grid = int(gridDim.x);
+    FLASH_DASH_HD int next_tile(int t) const {
         if (lpt) { return t + 2 * grid - 1 - 2 * (t % grid); }
         return t + grid;
     }
 
-    CUTE_DEVICE FwdTile decode(int t) const {
+    FLASH_DASH_HD FwdTile decode(int t) const {
         int m, bh;
         if (lpt) {
-            // Wave order: every (b, h) at the last m-block, then the one before, ...
-            m = num_m_blocks - 1 - t / num_bh;
-            bh = t - (t / num_bh) * num_bh;
+            int const per_group = head_group * num_m_blocks;
+            int g = t / per_group;
+            if (g > num_groups - 1) { g = num_groups - 1; }
+            int const r = t - g * per_group;
+            int const size = g < num_groups - 1 ? head_group : num_bh - g * head_group;
+            m = num_m_blocks - 1 - r / size;
+            bh = g * head_group + r % size;
         } else {
-            // All m-blocks of one (b, h) are neighbours: they share K/V in L2.
             bh = t / num_m_blocks;
             m = t - bh * num_m_blocks;
         }
