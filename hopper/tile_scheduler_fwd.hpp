@@ -3,7 +3,7 @@
 //  * Full masks: CTA i takes tiles i, i + grid, ...; the m blocks of one (b, h) are neighbours, so the
 //    tiles running at once share K/V in L2.
 //  * Causal: longest tiles (largest m) first, within groups of head_group (b, h) pairs (the last group
-//    also takes the remainder): a group's tiles run m-level by m-level, so the ~grid tiles in flight
+//    holds the rest): a group's tiles run m-level by m-level, so the ~grid tiles in flight
 //    read the K/V of ~grid/4 heads, each from L2 about 4 times. Ordering every (b, h) of an m-level
 //    before the next made the tiles in flight read up to `grid` heads' K/V from HBM: hdim 128 causal
 //    2k/4k 464/576 -> 534/602 TFLOP/s on the H200 (benchmarks/results/2026-11-30-session4-gpu-tests-
@@ -28,14 +28,15 @@ struct FwdTileScheduler {
     int total;       // num_m_blocks * num_bh
     int grid;        // CTAs launched
     int head_group;  // causal: (b, h) pairs per group
-    int num_groups;  // causal: >= 1; the last group holds num_bh - (num_groups - 1) * head_group pairs
+    int num_groups;  // causal: round(num_bh / head_group) >= 1; the last group holds the rest (0.5-1.5 groups)
     bool lpt;        // causal: heaviest m-blocks (largest m) first
 
     FLASH_DASH_HD FwdTileScheduler(int num_m_blocks_, int num_heads_, int batch, bool lpt_, int grid_)
         : num_m_blocks(num_m_blocks_), num_heads(num_heads_), num_bh(num_heads_ * batch),
           total(num_m_blocks_ * num_heads_ * batch), grid(grid_),
           head_group(head_group_of(num_m_blocks_, grid_)), lpt(lpt_) {
-        num_groups = num_bh / head_group > 1 ? num_bh / head_group : 1;
+        int const rounded = (num_bh + head_group / 2) / head_group;
+        num_groups = rounded > 1 ? rounded : 1;
     }
 
     // The largest multiple of grid / gcd(M, grid) (the fewest heads whose M tiles fill whole rounds)

@@ -92,11 +92,11 @@ def test_causal_order_is_longest_first_within_head_groups(walk_binary, case):
     cap = max(1, grid // 4)
     assert head_group == (cap // unit * unit if unit <= cap else unit)
     assert (head_group * num_m) % grid == 0  # every round of grid tiles lies inside one group
-    num_groups = max(1, heads * batch // head_group)
+    num_groups = max(1, (heads * batch + head_group // 2) // head_group)
     by_t = sorted(rows, key=lambda r: r[1])
     bh = [b * heads + h for _, _, _, h, b in by_t]
     for t, (_, _, m, _, _) in enumerate(by_t):
-        group = min(bh[t] // head_group, num_groups - 1)  # the last group takes the remainder
+        group = min(bh[t] // head_group, num_groups - 1)  # the last group holds the rest
         assert group == min(t // (head_group * num_m), num_groups - 1)  # groups run one after another
         if t > 0 and min(bh[t - 1] // head_group, num_groups - 1) == group:
             assert m <= by_t[t - 1][2]  # within a group: m never increases
