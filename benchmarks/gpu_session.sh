@@ -67,6 +67,10 @@ if has variants; then
     name=$(basename "$dir")
     BUILD_TAG=$name
     if [ -f "$dir/bench_args.txt" ]; then
+      # Bad arguments fail here in a second, not after a link (session 4 lost a variant to --repeats 1).
+      # shellcheck disable=SC2046
+      python3 benchmarks/bench_attn.py $(cat "$dir/bench_args.txt") --dry-run > /dev/null 2> "$LOG/args-$name.txt" \
+        || { summary+=("$name: bench_args.txt rejected: $(tail -1 "$LOG/args-$name.txt")"); continue; }
       build FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
       # shellcheck disable=SC2046  # the file holds several arguments
       timeout 200 python3 benchmarks/bench_attn.py $(cat "$dir/bench_args.txt") --json "$LOG/bench-$name.json" \
