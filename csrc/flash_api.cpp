@@ -132,7 +132,7 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
 void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
-             int64_t schedule, int64_t sm_margin) {
+             int64_t schedule, int64_t sm_margin, const c10::optional<at::Tensor>& timeline) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin);
@@ -164,6 +164,14 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
                         tr.size(0) == q.size(0) && tr.size(1) == q.size(2),
                     "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)");
         p.order_trace = tr.data_ptr<int>();
+    }
+    p.timeline = nullptr;
+    if (timeline.has_value()) {
+        const auto& tl = *timeline;
+        TORCH_CHECK(tl.is_cuda() && tl.scalar_type() == at::kLong && tl.is_contiguous() && tl.dim() == 5 &&
+                        tl.size(0) == q.size(0) && tl.size(1) == q.size(2) && tl.size(4) == 5,
+                    "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)");
+        p.timeline = reinterpret_cast<long long*>(tl.data_ptr<int64_t>());
     }
     const auto& entry = find_entry(kBwd, p.head_dim, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));

@@ -68,7 +68,7 @@ torch.library.define(
     "flash_attn_dash::bwd_out",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
-    "int schedule, int sm_margin) -> ()",
+    "int schedule, int sm_margin, Tensor(e!)? timeline=None) -> ()",
 )
 
 

@@ -11,6 +11,7 @@
 #include "bwd_schedule.hpp"
 #include "semaphore.hpp"
 #include "bulk_reduce.hpp"
+#include "bwd_timeline.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -42,6 +43,7 @@ struct BwdKernelParams {
     Element* dv;
     int64_t dk_row, dk_head, dk_batch, dv_row, dv_head, dv_batch;
     int* order_trace;
+    long long* timeline;  // FLASH_DASH_BWD_TIMELINE builds only (bwd_timeline.hpp)
 };
 
 template <class Traits, bool Is_causal, bool Deterministic, class Policy>
@@ -199,10 +201,12 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     // after the first are unordered). Fewer waits than the proven-deadlock-free
                     // deterministic order, hence deadlock-free too.
                     int const rank = Policy::rank(sched, c, st, m);
+                    StepTimeline timeline(params.timeline, (bh * sched.num_m + m) * sched.num_n + rank);
                     if (lane == 0) {
                         if constexpr (Deterministic) { wait_eq(sem, rank); }
                         else if (rank > 0) { wait_ge(sem, 1); }
                         fence_proxy_async_global();
+                        timeline.acquired();
                     }
                     __syncwarp();
                     auto add_slice = [&](int slice) {
@@ -215,6 +219,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     if (lane == 0) { add_slice(0); }
                     cutlass::arch::NamedBarrier::sync(128 + 32, uint32_t(BwdBarrier::dQFull1));
                     if (lane == 0) {
+                        timeline.ready();
                         add_slice(1);
                         bulk_commit_group();
                         bulk_wait_group_read_0();
@@ -236,6 +241,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         if (params.order_trace != nullptr && pos < sched.num_n) {
                             params.order_trace[(bh * sched.num_m + m) * sched.num_n + pos] = c.n;
                         }
+                        timeline.done(int(blockIdx.x), step);
                     }
                     __syncwarp();
                 }

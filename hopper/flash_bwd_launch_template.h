@@ -172,6 +172,7 @@ void run_bwd_impl(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.dk_row = p.dk_stride.row; kp.dk_head = p.dk_stride.head; kp.dk_batch = p.dk_stride.batch;
     kp.dv_row = p.dv_stride.row; kp.dv_head = p.dv_stride.head; kp.dv_batch = p.dv_stride.batch;
     kp.order_trace = p.order_trace;
+    kp.timeline = p.timeline;
 
 #ifdef FLASH_DASH_BWD_DEV_ONE  // compile-time smoke build: one kernel only
     dispatch_policy<Traits, true, true>(choice.used, kp, grid, stream);

@@ -36,6 +36,10 @@ struct BwdParams : FwdParams {
     Schedule schedule;
     // Debug only (nullptr otherwise): per dQ tile (b, h, m), the K/V tile indices n in arrival order.
     int* order_trace;
+    // Diagnostic only (nullptr otherwise; kernels built with FLASH_DASH_BWD_TIMELINE=1 fill it, others
+    // ignore it): StepTimeline records (hopper/bwd_timeline.hpp), int64 (b, h, M, N, 5). Last member, so
+    // kernel objects built before it existed still read every other field where they expect it.
+    long long* timeline;
 };
 
 }  // namespace flash_dash

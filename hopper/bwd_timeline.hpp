@@ -1,0 +1,54 @@
+// Diagnostic build only (FLASH_DASH_BWD_TIMELINE=1): the dQ-store warp records, per dQ contribution,
+// where its time goes, to tell rank-chain stalls from everything else. With the knob off (default) the
+// recorder is empty and the kernels compile to the same code.
+// Record layout (int64 x kFields at ((b*H + h)*M + m)*N + rank):
+//   [0] %globaltimer (ns) when the predecessor's count was seen   [1] cycles waiting for it
+//   [2] cycles then waiting for the MMA warpgroups' dQ tile        [3] cycles from the bulk copy to the increment
+//   [4] (CTA << 32) | step within the K/V tile
+#pragma once
+#include <cstdint>
+
+#ifndef FLASH_DASH_BWD_TIMELINE
+#define FLASH_DASH_BWD_TIMELINE 0
+#endif
+
+namespace flash_dash {
+namespace bwd {
+
+struct StepTimeline {
+    static constexpr int kFields = 5;
+#if FLASH_DASH_BWD_TIMELINE
+    long long* rec;
+    long long t;
+    __device__ StepTimeline(long long* base, int64_t index)
+        : rec(base == nullptr ? nullptr : base + index * kFields), t(clock64()) {}
+    __device__ void acquired() {
+        if (rec == nullptr) return;
+        uint64_t ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        long long const now = clock64();
+        rec[0] = static_cast<long long>(ns);
+        rec[1] = now - t;
+        t = now;
+    }
+    __device__ void ready() {
+        if (rec == nullptr) return;
+        long long const now = clock64();
+        rec[2] = now - t;
+        t = now;
+    }
+    __device__ void done(int cta, int step) {
+        if (rec == nullptr) return;
+        rec[3] = clock64() - t;
+        rec[4] = (static_cast<long long>(cta) << 32) | step;
+    }
+#else
+    __device__ StepTimeline(long long*, int64_t) {}
+    __device__ void acquired() {}
+    __device__ void ready() {}
+    __device__ void done(int, int) {}
+#endif
+};
+
+}  // namespace bwd
+}  // namespace flash_dash
