@@ -9,7 +9,8 @@
 # is linked in turn. Forward variants (fwd objects only, FLASH_DASH_PASSES=fwd) are probed with
 # benchmarks/fwd_variants.py and the bf16 forward tests; whole-build variants (bf16 fwd + bwd objects)
 # run benchmarks/bench_attn.py with the arguments in their bench_args.txt (compare with the bench-attn
-# step of the same call). Logs go to OUTDIR as tars (few files back).
+# step of the same call), or the shell command in their command.txt ($VARIANT_JSON names a log file
+# for it). Logs go to OUTDIR as tars (few files back).
 set -u -o pipefail
 OUTDIR=${1:?usage: gpu_session.sh OUTDIR [steps...]}
 shift
@@ -35,7 +36,7 @@ if has build; then
   pack
 fi
 if has tests; then
-  for t in test_api_gpu test_fwd_gpu test_bwd_gpu; do
+  for t in test_api_gpu test_fwd_gpu test_bwd_gpu test_bwd_timeline; do
     timeout 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 "tests/$t.py" > "$LOG/$t.log" 2>&1
     summary+=("$t: $(tail -1 "$LOG/$t.log")")
     pack
@@ -66,6 +67,14 @@ if has variants; then
     [ -f "$dir/flags.txt" ] || continue  # other prebuilt folders (e.g. whole-build objects) are not variants
     name=$(basename "$dir")
     BUILD_TAG=$name
+    if [ -f "$dir/command.txt" ]; then  # whole-build variant that brings its own measurement
+      build FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
+      VARIANT_JSON="$LOG/$name.json" timeout 200 bash -c "$(cat "$dir/command.txt")" > "$LOG/cmd-$name.txt" 2>&1
+      summary+=("variant $name ($(cat "$dir/flags.txt")): command rc $?")
+      tail -40 "$LOG/cmd-$name.txt"
+      pack
+      continue
+    fi
     if [ -f "$dir/bench_args.txt" ]; then
       # Bad arguments fail here in a second, not after a link (session 4 lost a variant to --repeats 1).
       # shellcheck disable=SC2046

@@ -17,7 +17,7 @@ namespace bwd {
 
 struct StepTimeline {
     static constexpr int kFields = 5;
-#if FLASH_DASH_BWD_TIMELINE
+#if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)  // device code only (the host pass has no clock64)
     long long* rec;
     long long t;
     __device__ StepTimeline(long long* base, int64_t index)
