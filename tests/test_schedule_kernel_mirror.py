@@ -9,9 +9,7 @@ CPU only: needs g++ (or c++).
 """
 from __future__ import annotations
 
-import os
 import random
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -20,8 +18,8 @@ import pytest
 
 from flash_attn_dash.schedule import build_plan
 from flash_attn_dash.schedule.orders import NONDETERMINISTIC_CLAIM_HEADS, claim_group
+from host_cpp import build_host_program
 
-ROOT = Path(__file__).resolve().parents[1]
 
 MIRROR_CPP = r"""
 #include <cstdio>
@@ -113,26 +111,9 @@ KERNEL_TILES = ((64, 128), (128, 128))  # hdim 128, hdim 64
 MODEL_TILES = KERNEL_TILES + ((64, 64), (80, 128), (64, 96), (96, 128))
 
 
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX", ""), "g++", "c++", "clang++"):
-        if name and shutil.which(name):
-            return name
-    return None
-
-
 @pytest.fixture(scope="module")
 def mirror_binary(tmp_path_factory):
-    cxx = _compiler()
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++/c++/clang++)")
-    work = tmp_path_factory.mktemp("mirror")
-    src = work / "mirror.cpp"
-    src.write_text(MIRROR_CPP)
-    exe = work / "mirror"
-    cmd = [cxx, "-std=c++17", "-O1", "-I", str(ROOT / "hopper"), str(src), "-o", str(exe)]
-    res = subprocess.run(cmd, capture_output=True, text=True)
-    assert res.returncode == 0, f"host build of bwd_schedule.hpp failed:\n{res.stderr}"
-    return exe
+    return build_host_program(tmp_path_factory, "mirror", MIRROR_CPP)
 
 
 def _run(exe: Path, cases: list[tuple], deterministic: bool = True) -> list:

@@ -9,9 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from test_schedule_kernel_mirror import _compiler
+from host_cpp import build_host_program
 
-ROOT = Path(__file__).resolve().parents[1]
 
 WALK_CPP = r"""
 #include <cstdio>
@@ -43,16 +42,7 @@ CASES = [  # (num_m, heads, batch, causal, grid)
 
 @pytest.fixture(scope="module")
 def walk_binary(tmp_path_factory):
-    cxx = _compiler()
-    if cxx is None:
-        pytest.skip("no host C++ compiler (g++/c++/clang++)")
-    work = tmp_path_factory.mktemp("fwd_sched")
-    (work / "walk.cpp").write_text(WALK_CPP)
-    exe = work / "walk"
-    res = subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(ROOT / "hopper"), str(work / "walk.cpp"), "-o", str(exe)],
-                         capture_output=True, text=True)
-    assert res.returncode == 0, f"host build of tile_scheduler_fwd.hpp failed:\n{res.stderr}"
-    return exe
+    return build_host_program(tmp_path_factory, "walk", WALK_CPP)
 
 
 def _walks(exe: Path, cases):

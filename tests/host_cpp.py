@@ -1,0 +1,26 @@
+"""Builds small host programs around hopper/ headers (the schedulers are plain C++), for the CPU tests."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+HOPPER = Path(__file__).resolve().parents[1] / "hopper"
+
+
+def build_host_program(tmp_path_factory, name: str, source: str) -> Path:
+    """Compile ``source`` (C++17, ``-I hopper``) into an executable; skip the test when no host compiler exists."""
+    cxx = next((c for c in (os.environ.get("CXX", ""), "g++", "c++", "clang++") if c and shutil.which(c)), None)
+    if cxx is None:
+        pytest.skip("no host C++ compiler (g++/c++/clang++)")
+    work = tmp_path_factory.mktemp(name)
+    src = work / f"{name}.cpp"
+    src.write_text(source)
+    exe = work / name
+    res = subprocess.run([cxx, "-std=c++17", "-O1", "-I", str(HOPPER), str(src), "-o", str(exe)],
+                         capture_output=True, text=True)
+    assert res.returncode == 0, f"host build of {name}.cpp failed:\n{res.stderr}"
+    return exe
