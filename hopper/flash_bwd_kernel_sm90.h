@@ -177,11 +177,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
-            // Arrive once per step, on both slices (each MMA warpgroup syncs once per step on its own).
-            auto release_dq_slices = [] {
-                cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty0));
-                cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty1));
-            };
             int read = 0;
             for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
@@ -193,9 +188,12 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     int const m = Policy::m_block(sched, c, st, step);
                     float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
                     int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * sched.heads + c.h;
-                    // A tile's first step: the slices are free (the previous tile's last reduce completed
-                    // below). Later steps get them released right after the previous reduce read them.
-                    if (step == 0) { release_dq_slices(); }
+                    // smem slices are free (previous reduce has read them): let the MMA WGs write. Released
+                    // here, after the previous step's completion wait, not right after its read: releasing
+                    // earlier measured no gain twice (2026-11-30-0329-profile-deferred-release-ab.txt) and
+                    // det hdim 128 full 8k/16k 4-8% lower against cuDNN in 0553/0615 than in 0540.
+                    cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty0));
+                    cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty1));
                     // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
                     // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
                     // after the first are unordered). Fewer waits than the proven-deadlock-free
@@ -222,13 +220,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         timeline.ready();
                         add_slice(1);
                         bulk_commit_group();
-                        bulk_wait_group_read_0();
-                    }
-                    __syncwarp();
-                    // Hand the slices back before waiting for the reduce to complete: the MMA warpgroups
-                    // write the next step's dQ while the ordered add below waits on the global write.
-                    if (step + 1 < steps) { release_dq_slices(); }
-                    if (lane == 0) {
                         int pos;
                         if (Deterministic || rank == 0) {
                             bulk_wait_group_0();          // reductions COMPLETED, not just smem read
@@ -236,6 +227,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                             pos = rank;
                             red_release_add(sem, 1);
                         } else {
+                            bulk_wait_group_read_0();
                             pos = params.order_trace != nullptr ? atomicAdd(sem, 1) : 0;
                         }
                         if (params.order_trace != nullptr && pos < sched.num_n) {
