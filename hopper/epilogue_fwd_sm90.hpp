@@ -66,6 +66,28 @@ struct FwdEpilogueSm90 {
                     }
                 }
             }
+        } else if constexpr (Traits::kWgEpilogue) {
+            // Each consumer WG stages and stores its own 64 rows; WG c's thread 0 issues the store.
+            int const wg = tid / 128, t = tid % 128;
+            auto const barrier = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(wg);
+            Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{})(_, _, wg);
+            if (t == 0) { tma_store_wait<0>(); }  // this WG's previous store has read its slice
+            named_barrier_sync(128, barrier);
+            auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaPVOneWG{});
+            auto smem_thr_copy_O = smem_copy_O.get_thread_slice(t);
+            copy(smem_copy_O, smem_thr_copy_O.retile_S(rO), smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO)));
+            cutlass::arch::fence_view_async_shared();
+            named_barrier_sync(128, barrier);
+            int const row0 = tile.m_block * kBlockM + 64 * wg;
+            if (t == 0 && row0 < p.seqlen_q) {
+                Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
+                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<_64, Int<kHeadDim>>{},
+                                       make_coord(tile.m_block * Traits::kNumMmaWarpGroups + wg, _0{}));
+                auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
+                                                  group_modes<0, 2>(gO));
+                copy(p.tma_o, tOsO, tOgO);
+                tma_store_arrive();
+            }
         } else {
             Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
 
@@ -93,10 +115,11 @@ struct FwdEpilogueSm90 {
         }
     }
 
-    // Before the CTA exits: the outstanding store must have read smem.
+    // Before the CTA exits: the outstanding store must have read smem (one issuing thread per WG with
+    // kWgEpilogue, else thread 0).
     CUTE_DEVICE static void finish(int tid) {
         if constexpr (Traits::kStagedO) {
-            if (tid == 0) { cute::tma_store_wait<0>(); }
+            if ((Traits::kWgEpilogue ? tid % 128 : tid) == 0) { cute::tma_store_wait<0>(); }
         }
     }
 };

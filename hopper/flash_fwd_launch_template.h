@@ -33,6 +33,8 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
+//   FLASH_DASH_FWD_WG_EPILOGUE=1           each consumer WG stores its own 64 O rows (no cross-WG
+//                                          epilogue barrier; kernel_traits_fwd.h)
 //   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
 //                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------
@@ -128,7 +130,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.k), lk),
         Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.v), lv),
-        Traits::template make_tma<SM90_TMA_STORE, typename Traits::SmemLayoutO, Traits::kBlockM>(
+        Traits::template make_tma<SM90_TMA_STORE, typename Traits::SmemLayoutOStage, Traits::kORows>(
             SM90_TMA_STORE{}, static_cast<Element*>(p.out), lo),
         p.lse,
         p.seqlen_q,

@@ -1,6 +1,8 @@
 // Compile-time configuration of the sm90 forward kernel: tile shapes, smem layouts, MMAs, TMA types.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -15,6 +17,9 @@
 #endif
 #ifndef FLASH_DASH_FWD_HDIM128_EXP2_EMU
 #define FLASH_DASH_FWD_HDIM128_EXP2_EMU 0
+#endif
+#ifndef FLASH_DASH_FWD_WG_EPILOGUE
+#define FLASH_DASH_FWD_WG_EPILOGUE 0
 #endif
 
 namespace flash_dash {
@@ -83,7 +88,21 @@ struct FwdKernelTraits {
         SmemLayoutKV{},
         cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
-    using SmemLayoutO = SmemLayoutQStage;
+    // O staging: one (kBlockM, d) tile stored by one thread after all consumer WGs wrote it, or
+    // (FLASH_DASH_FWD_WG_EPILOGUE) one (64, d) tile per consumer WG that each WG stores on its own,
+    // so a WG's epilogue never waits for the other WGs (they run half a GEMM apart).
+    static constexpr bool kWgEpilogue = FLASH_DASH_FWD_WG_EPILOGUE != 0;
+    static constexpr int kORows = kWgEpilogue ? 64 : kBlockM;  // rows per O TMA store
+    using SmemLayoutOStage = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>>{}));
+    using SmemLayoutO = std::conditional_t<kWgEpilogue,
+        decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kNumMmaWarpGroups>>{})),
+        SmemLayoutOStage>;
+    // One consumer WG's slice of TiledMmaPV: the register layout of its O rows.
+    using TiledMmaPVOneWG = decltype(cute::make_tiled_mma(
+        cute::GMMA::rs_op_selector<Element, Element, float,
+                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
     using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
     using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
@@ -122,7 +141,7 @@ struct FwdKernelTraits {
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
     using TmaKV = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutKVStage, kBlockN>(
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
-    using TmaO = decltype(make_tma<cute::SM90_TMA_STORE, SmemLayoutO, kBlockM>(
+    using TmaO = decltype(make_tma<cute::SM90_TMA_STORE, SmemLayoutOStage, kORows>(
         cute::SM90_TMA_STORE{}, static_cast<Element*>(nullptr), GmemLayoutT{}));
 
     struct Params {
