@@ -3,7 +3,8 @@
 They run the sm90 kernels on CUDA tensors and the PyTorch reference on CPU tensors, and have fake
 (meta) implementations so ``torch.compile(fullgraph=True)`` and CUDA graphs can trace them.
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
-caller buffers; tests use them to poison outputs and to read the dQ accumulation-order trace.
+caller buffers; tests use them to poison outputs and to read the dQ accumulation-order trace, and
+``flash_attn_dash.bwd_timeline`` passes ``bwd_out`` a buffer for the store warps' timeline (diagnostic builds).
 """
 from __future__ import annotations
 
