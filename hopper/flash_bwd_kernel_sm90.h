@@ -177,6 +177,12 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
+            constexpr uint32_t kBar = Traits::kdQBarThreads;
+            int dq_buf = 0;  // two buffers: the one of this step (both roles alternate every step)
+            if constexpr (Traits::kdQStages == 2) {  // both buffers start free
+                cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty0));
+                cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty1));
+            }
             int read = 0;
             for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
@@ -192,8 +198,10 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     // here, after the previous step's completion wait, not right after its read: releasing
                     // earlier measured no gain twice (2026-11-30-0329-profile-deferred-release-ab.txt) and
                     // det hdim 128 full 8k/16k 4-8% lower against cuDNN in 0553/0615 than in 0540.
-                    cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty0));
-                    cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(BwdBarrier::dQEmpty1));
+                    if constexpr (Traits::kdQStages == 1) {
+                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty0));
+                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty1));
+                    }
                     // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
                     // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
                     // after the first are unordered). Fewer waits than the proven-deadlock-free
@@ -209,13 +217,18 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     __syncwarp();
                     auto add_slice = [&](int slice) {
                         float* dst = gacc + slice * Traits::kdQSliceFloats;
-                        float const* src = &ss.smem_dqacc[slice * Traits::kdQSliceFloats];
+                        float const* src = &ss.smem_dqacc[(dq_buf * Traits::NumMmaWG + slice) * Traits::kdQSliceFloats];
                         if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
                         else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
                     };
-                    cutlass::arch::NamedBarrier::sync(128 + 32, uint32_t(BwdBarrier::dQFull0));
-                    if (lane == 0) { add_slice(0); }
-                    cutlass::arch::NamedBarrier::sync(128 + 32, uint32_t(BwdBarrier::dQFull1));
+                    if constexpr (Traits::kdQStages == 1) {
+                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(BwdBarrier::dQFull0));
+                        if (lane == 0) { add_slice(0); }
+                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(BwdBarrier::dQFull1));
+                    } else {
+                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(dq_buf == 0 ? BwdBarrier::dQFull0 : BwdBarrier::dQFull1));
+                        if (lane == 0) { add_slice(0); }
+                    }
                     if (lane == 0) {
                         timeline.ready();
                         add_slice(1);
@@ -236,6 +249,10 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         timeline.done(int(blockIdx.x), step);
                     }
                     __syncwarp();
+                    if constexpr (Traits::kdQStages == 2) {  // this buffer is free for the step after next
+                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(dq_buf == 0 ? BwdBarrier::dQEmpty0 : BwdBarrier::dQEmpty1));
+                        dq_buf ^= 1;
+                    }
                 }
             }
             if (lane == 0) { bulk_wait_group_0(); }
@@ -278,7 +295,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         int kv_iter = 0;
         int ds_stage = 0;
         int const off = sched.seqlen_k - sched.seqlen_q;
-        float* sdq_slice = &ss.smem_dqacc[wg * Traits::kdQSliceFloats];
+        float* const sdq_slice = &ss.smem_dqacc[wg * Traits::kdQSliceFloats];  // buffer 0
         int const t_in_wg = tid % 128;
 
         int read = 0;
@@ -344,15 +361,18 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
                     warpgroup_wait<1>();  // dV and dQ retired
                     pipeline_do.consumer_release(pipe_read);
-                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
-                    cutlass::arch::NamedBarrier::sync(128 + 32, uint32_t(wg == 0 ? BwdBarrier::dQEmpty0 : BwdBarrier::dQEmpty1));
+                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread). Two dQ
+                    // buffers: this step's is ds_stage's parity (both alternate every step from 0).
+                    int const dq_bar = Traits::kdQStages == 1 ? wg : ds_stage;
+                    float* const sdq = sdq_slice + (Traits::kdQStages == 1 ? 0 : ds_stage * Traits::NumMmaWG * Traits::kdQSliceFloats);
+                    cutlass::arch::NamedBarrier::sync(Traits::kdQBarThreads, uint32_t(dq_bar == 0 ? BwdBarrier::dQEmpty0 : BwdBarrier::dQEmpty1));
                     CUTLASS_PRAGMA_UNROLL
                     for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
                         float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
-                        *reinterpret_cast<float4*>(&sdq_slice[j * 512 + t_in_wg * 4]) = v;
+                        *reinterpret_cast<float4*>(&sdq[j * 512 + t_in_wg * 4]) = v;
                     }
                     cutlass::arch::fence_view_async_shared();
-                    cutlass::arch::NamedBarrier::arrive(128 + 32, uint32_t(wg == 0 ? BwdBarrier::dQFull0 : BwdBarrier::dQFull1));
+                    cutlass::arch::NamedBarrier::arrive(Traits::kdQBarThreads, uint32_t(dq_bar == 0 ? BwdBarrier::dQFull0 : BwdBarrier::dQFull1));
                     warpgroup_wait<0>();
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;

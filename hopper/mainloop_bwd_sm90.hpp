@@ -22,7 +22,16 @@ namespace bwd {
 
 using namespace cute;
 
-// Named barrier ids (user ids 0..7; NamedBarrier adds 8).
+// Variant knob: dQ shared-memory buffers between the MMA warpgroups and the dQ-store warp. 1 (default):
+// one buffer, hand-off barriers per MMA warpgroup. 2: two buffers used on alternate steps, hand-off
+// barriers per buffer shared by both warpgroups, so the warpgroups may run a step further ahead of a
+// store warp that waits for its rank predecessor.
+#ifndef FLASH_DASH_BWD_DQ_STAGES
+#define FLASH_DASH_BWD_DQ_STAGES 1
+#endif
+
+// Named barrier ids (user ids 0..7; NamedBarrier adds 8). dQFull/dQEmpty 0 and 1 belong to MMA
+// warpgroup 0 and 1 (one dQ buffer) or to dQ buffer 0 and 1 (two buffers).
 enum class BwdBarrier : uint32_t { PdS = 0, dQFull0 = 1, dQFull1 = 2, dQEmpty0 = 3, dQEmpty1 = 4, Epilogue = 5 };
 
 // Tile shapes (contract with the Python model): hdim <= 64: 128x128, hdim <= 128: 64x128.
@@ -66,6 +75,9 @@ struct BwdTraits {
     static constexpr int kdQFragSize = kBlockM * kHeadDim / NumMmaThreads;  // fp32 per thread
     static_assert(kdQFragSize % 4 == 0);
     static constexpr int kdQSliceFloats = kdQFragSize * 128;  // per WG
+    static constexpr int kdQStages = FLASH_DASH_BWD_DQ_STAGES;
+    static_assert(kdQStages == 1 || kdQStages == 2, "FLASH_DASH_BWD_DQ_STAGES must be 1 or 2");
+    static constexpr uint32_t kdQBarThreads = kdQStages == 1 ? 128 + 32 : NumMmaThreads + 32;
 
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
@@ -87,7 +99,7 @@ struct BwdTraits {
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>> smem_do;
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> smem_ds;
-        alignas(128) float smem_dqacc[NumMmaWG * kdQSliceFloats];
+        alignas(128) float smem_dqacc[kdQStages * NumMmaWG * kdQSliceFloats];
         alignas(128) float smem_lse[kStages * kBlockM];
         alignas(128) float smem_dpsum[kStages * kBlockM];
         alignas(16) typename PipelineQ::SharedStorage pipeline_q;
