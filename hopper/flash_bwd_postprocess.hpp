@@ -58,7 +58,10 @@ __global__ void __launch_bounds__(256) bwd_postprocess_dq_kernel(PostprocessPara
             float4 const v = *reinterpret_cast<float4 const*>(&tile[r * kPitch + col]);
             cutlass::Array<float, 4> f;
             f[0] = v.x * p.scale; f[1] = v.y * p.scale; f[2] = v.z * p.scale; f[3] = v.w * p.scale;
-            *reinterpret_cast<cutlass::Array<Element, 4>*>(dq + row * p.dq_row) = cvt(f);
+            // One 8-byte store (16-byte aligned base and strides, checked by the binding; col a multiple of
+            // 4): storing the 2-byte-aligned cutlass::Array gave two 4-byte stores.
+            auto const out = cvt(f);
+            *reinterpret_cast<uint2*>(dq + row * p.dq_row) = *reinterpret_cast<uint2 const*>(&out);
         }
     }
 }
