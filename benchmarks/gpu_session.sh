@@ -3,7 +3,8 @@
 # (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize bench (quick) bench-attn bench-block variants (default: build tests sanitize bench variants)
+#   steps: build tests sanitize profile bench (quick) bench-attn bench-block variants
+#   (default: build tests sanitize bench variants)
 #
 # Variants: every folder .prebuilt/<name>/ holding `make kernels` objects and a flags.txt (what differs)
 # is linked in turn. Forward variants (fwd objects only, FLASH_DASH_PASSES=fwd) are probed with
@@ -56,6 +57,13 @@ bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/
   tar -cf "$OUTDIR/results.tar" benchmarks/results
   pack
 }
+if has profile; then  # per-kernel backward time (preprocess / main / postprocess), hdim 128 full, both modes
+  for mode in "" --deterministic; do
+    timeout 120 python3 benchmarks/profile_bwd.py --hdim 128 --seqlen 512,2048 $mode > "$LOG/profile-bwd${mode}.txt" 2>&1
+    summary+=("profile_bwd ${mode:-non-det} rc $?")
+  done
+  pack
+fi
 has bench && bench bench-quick 300 --quick
 has bench-attn && bench bench-attn 400 --attn-only     # the whole DASH grid (512..16k)
 has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
