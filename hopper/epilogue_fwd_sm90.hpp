@@ -66,47 +66,35 @@ struct FwdEpilogueSm90 {
                     }
                 }
             }
-        } else if constexpr (Traits::kWgEpilogue) {
-            // Each consumer WG stages and stores its own 64 rows; WG c's thread 0 issues the store.
-            int const wg = tid / 128, t = tid % 128;
-            auto const barrier = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(wg);
-            Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{})(_, _, wg);
-            if (t == 0) { tma_store_wait<0>(); }  // this WG's previous store has read its slice
-            named_barrier_sync(128, barrier);
-            auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaPVOneWG{});
-            auto smem_thr_copy_O = smem_copy_O.get_thread_slice(t);
-            copy(smem_copy_O, smem_thr_copy_O.retile_S(rO), smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO)));
-            cutlass::arch::fence_view_async_shared();
-            named_barrier_sync(128, barrier);
-            int const row0 = tile.m_block * kBlockM + 64 * wg;
-            if (t == 0 && row0 < p.seqlen_q) {
-                Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
-                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<_64, Int<kHeadDim>>{},
-                                       make_coord(tile.m_block * Traits::kNumMmaWarpGroups + wg, _0{}));
-                auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
-                                                  group_modes<0, 2>(gO));
-                copy(p.tma_o, tOsO, tOgO);
-                tma_store_arrive();
-            }
         } else {
-            Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{});
+            // Block `part` of the O tile (the whole tile, or this WG's 64 rows): its threads wait until
+            // their previous TMA store has read the block, write it (stmatrix), fence the generic-proxy
+            // writes for the async proxy, and one of them stores it.
+            constexpr int kParts = Traits::kOParts;
+            constexpr int kPartThreads = kNumMmaThreads / kParts;
+            int const part = kParts == 1 ? 0 : tid / kPartThreads;
+            int const t = kParts == 1 ? tid : tid % kPartThreads;
+            auto const free_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemFree)
+                                             : uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
+            auto const ready_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemReady) : free_id;
+            Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{})(_, _, part);
 
-            // The previous tile's TMA store must have finished reading sO (the issuing thread waits).
-            if (tid == 0) { tma_store_wait<0>(); }
-            named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemFree);
+            if (t == 0) { tma_store_wait<0>(); }
+            named_barrier_sync(kPartThreads, free_id);
 
-            auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
-            auto smem_thr_copy_O = smem_copy_O.get_thread_slice(tid);
+            auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaO{});
+            auto smem_thr_copy_O = smem_copy_O.get_thread_slice(t);
             Tensor taccOrO = smem_thr_copy_O.retile_S(rO);
             Tensor taccOsO = smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO));
             copy(smem_copy_O, taccOrO, taccOsO);
-            cutlass::arch::fence_view_async_shared();  // generic-proxy writes -> async-proxy (TMA) reads
-            named_barrier_sync(kNumMmaThreads, FwdNamedBarrier::kEpilogueSmemReady);
+            cutlass::arch::fence_view_async_shared();
+            named_barrier_sync(kPartThreads, ready_id);
 
-            if (tid == 0) {
+            // A block wholly past seqlen_q (only possible with several parts) is not stored.
+            if (t == 0 && (kParts == 1 || tile.m_block * kBlockM + part * Traits::kORows < p.seqlen_q)) {
                 Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
-                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                                       make_coord(tile.m_block, _0{}));
+                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
+                                       make_coord(tile.m_block * kParts + part, _0{}));
                 auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                                   group_modes<0, 2>(gO));
                 copy(p.tma_o, tOsO, tOgO);
@@ -115,11 +103,10 @@ struct FwdEpilogueSm90 {
         }
     }
 
-    // Before the CTA exits: the outstanding store must have read smem (one issuing thread per WG with
-    // kWgEpilogue, else thread 0).
+    // Before the CTA exits: the outstanding store must have read smem (the issuing thread of each part).
     CUTE_DEVICE static void finish(int tid) {
         if constexpr (Traits::kStagedO) {
-            if ((Traits::kWgEpilogue ? tid % 128 : tid) == 0) { cute::tma_store_wait<0>(); }
+            if ((Traits::kOParts == 1 ? tid : tid % (kNumMmaThreads / Traits::kOParts)) == 0) { cute::tma_store_wait<0>(); }
         }
     }
 };

@@ -88,21 +88,23 @@ struct FwdKernelTraits {
         SmemLayoutKV{},
         cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
-    // O staging: one (kBlockM, d) tile stored by one thread after all consumer WGs wrote it, or
-    // (FLASH_DASH_FWD_WG_EPILOGUE) one (64, d) tile per consumer WG that each WG stores on its own,
-    // so a WG's epilogue never waits for the other WGs (they run half a GEMM apart).
+    // O staging in kOParts row blocks of kORows, each written, fenced and TMA-stored by its own
+    // threads: one (kBlockM, d) block for all consumer WGs, or (FLASH_DASH_FWD_WG_EPILOGUE) one (64, d)
+    // block per consumer WG, so a WG's epilogue never waits for the other WGs (they run half a GEMM
+    // apart). TiledMmaO is the register layout of one block's rows: TiledMmaPV, or its one-WG slice.
     static constexpr bool kWgEpilogue = FLASH_DASH_FWD_WG_EPILOGUE != 0;
     static constexpr int kORows = kWgEpilogue ? 64 : kBlockM;  // rows per O TMA store
+    static constexpr int kOParts = kBlockM / kORows;
     using SmemLayoutOStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>>{}));
-    using SmemLayoutO = std::conditional_t<kWgEpilogue,
-        decltype(cute::tile_to_shape(SmemAtom{}, cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kNumMmaWarpGroups>>{})),
-        SmemLayoutOStage>;
-    // One consumer WG's slice of TiledMmaPV: the register layout of its O rows.
-    using TiledMmaPVOneWG = decltype(cute::make_tiled_mma(
-        cute::GMMA::rs_op_selector<Element, Element, float,
-                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
+    using SmemLayoutO = decltype(cute::tile_to_shape(
+        SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>, cute::Int<kOParts>>{}));
+    using TiledMmaO = std::conditional_t<kWgEpilogue,
+        decltype(cute::make_tiled_mma(
+            cute::GMMA::rs_op_selector<Element, Element, float,
+                                       cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>())),
+        TiledMmaPV>;
 
     using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
     using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
