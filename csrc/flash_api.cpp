@@ -107,6 +107,17 @@ void check_output(const at::Tensor& t, const char* name, const at::Tensor& like)
     TORCH_CHECK(t.sizes() == like.sizes(), name, " must have shape ", like.sizes());
 }
 
+// Optional debug output of the backward (nullptr when absent): a contiguous CUDA tensor of `type` shaped
+// (batch, heads, m_tiles, n_tiles), plus a last dimension of `fields` per record when fields > 0.
+void* debug_buffer(const c10::optional<at::Tensor>& t, at::ScalarType type, int64_t fields, const at::Tensor& q,
+                   const char* what) {
+    if (!t.has_value()) return nullptr;
+    TORCH_CHECK(t->is_cuda() && t->scalar_type() == type && t->is_contiguous() && t->dim() == (fields > 0 ? 5 : 4) &&
+                    t->size(0) == q.size(0) && t->size(1) == q.size(2) && (fields == 0 || t->size(4) == fields),
+                what);
+    return t->data_ptr();
+}
+
 void check_lse(const at::Tensor& lse, const at::Tensor& q) {
     TORCH_CHECK(lse.is_cuda() && lse.scalar_type() == at::kFloat && lse.is_contiguous(),
                 "lse must be a contiguous fp32 CUDA tensor");
@@ -157,22 +168,10 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     p.dv_stride = strides_of(dv);
     p.deterministic = deterministic;
     p.schedule = static_cast<Schedule>(schedule);
-    p.order_trace = nullptr;
-    if (order_trace.has_value()) {
-        const auto& tr = *order_trace;
-        TORCH_CHECK(tr.is_cuda() && tr.scalar_type() == at::kInt && tr.is_contiguous() && tr.dim() == 4 &&
-                        tr.size(0) == q.size(0) && tr.size(1) == q.size(2),
-                    "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)");
-        p.order_trace = tr.data_ptr<int>();
-    }
-    p.timeline = nullptr;
-    if (timeline.has_value()) {
-        const auto& tl = *timeline;
-        TORCH_CHECK(tl.is_cuda() && tl.scalar_type() == at::kLong && tl.is_contiguous() && tl.dim() == 5 &&
-                        tl.size(0) == q.size(0) && tl.size(1) == q.size(2) && tl.size(4) == 5,
-                    "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)");
-        p.timeline = reinterpret_cast<long long*>(tl.data_ptr<int64_t>());
-    }
+    p.order_trace = static_cast<int*>(debug_buffer(order_trace, at::kInt, 0, q,
+        "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)"));
+    p.timeline = static_cast<long long*>(debug_buffer(timeline, at::kLong, 5, q,
+        "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)"));
     const auto& entry = find_entry(kBwd, p.head_dim, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
     try {
