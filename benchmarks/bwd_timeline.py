@@ -19,8 +19,6 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common  # noqa: E402
 
-SCHEDULES = {False: ("ascending", "descending", "shift"), True: ("ascending", "descending", "symmetric_shift")}
-
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -33,7 +31,8 @@ def main(argv=None) -> int:
     import torch
 
     from flash_attn_dash.bwd_timeline import record, summarize
-    from flash_attn_dash.ops import fwd
+    from flash_attn_dash.checks import MASK_ONLY
+    from flash_attn_dash.ops import KERNEL_SCHEDULES, fwd
 
     rows = []
     print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
@@ -45,7 +44,8 @@ def main(argv=None) -> int:
                 q, k, v, dout = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 out, lse = fwd(q, k, v, hdim ** -0.5, causal, 0)
                 # Non-deterministic backwards ignore the schedule (hopper/bwd_schedule.hpp choose_launch): one row.
-                runs = [(name, True) for name in SCHEDULES[causal]] + [("descending", False)]
+                runs = [(name, True) for name in KERNEL_SCHEDULES if MASK_ONLY.get(name, causal) == causal]
+                runs.append(("descending", False))
                 for schedule, det in runs:
                     record(dout, q, k, v, out, lse, causal, schedule, det)  # warm-up
                     wp = summarize(record(dout, q, k, v, out, lse, causal, schedule, det), args.clock_ghz)
