@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .ops import SCHEDULE_IDS
+from .ops import SCHEDULE_IDS, check_cuda_inputs
 
 FIELDS = ("seen_ns", "wait_pred_cycles", "wait_mma_cycles", "store_cycles", "cta_step")
 
@@ -32,6 +32,7 @@ def record(
 
     if schedule not in SCHEDULE_IDS:
         raise ValueError(f"schedule must be one of {sorted(SCHEDULE_IDS)}, got {schedule!r}")
+    check_cuda_inputs(q, k, v, sm_margin)
     b, sq, h, d = q.shape
     block_m, block_n = bwd_tile_shape(d, causal)
     timeline = torch.full((b, h, -(-sq // block_m), -(-k.shape[1] // block_n), len(FIELDS)), -1,
@@ -39,8 +40,7 @@ def record(
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, d ** -0.5, causal, deterministic,
                                       SCHEDULE_IDS[schedule], sm_margin, timeline)
-    torch.cuda.synchronize(q.device)
-    if bool((timeline[..., 4] < 0).all()):
+    if bool((timeline[..., 4] < 0).all()):  # (reading the flag waits for the backward)
         raise RuntimeError("no timeline recorded: the backward kernels were built without FLASH_DASH_BWD_TIMELINE=1 "
                            "(rebuild hopper/ with NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1)")
     return timeline
