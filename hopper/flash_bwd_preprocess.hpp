@@ -25,40 +25,26 @@ struct PreprocessParams {
 
 template <class Element, int kBlockM, int kHeadDim>
 __global__ void __launch_bounds__(256) bwd_preprocess_kernel(PreprocessParams const p) {
-    constexpr int kTPR = kHeadDim / 8;        // threads per row, 8 elements (16 bytes) each
+    constexpr int kTPR = kHeadDim / 8;        // threads per row, 8 elements each
     constexpr int kRPP = 256 / kTPR;          // rows per pass
-    constexpr int kPasses = kBlockM / kRPP;
-    static_assert(32 % kTPR == 0 && kBlockM % kRPP == 0);
-    // 16-byte vectors: base pointers are 16-byte aligned and row strides multiples of 8 elements (the
-    // binding's TMA checks), so tc * 8 keeps the alignment.
-    using Vec = cutlass::AlignedArray<Element, 8>;
+    static_assert(32 % kTPR == 0);
     int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int const tr = threadIdx.x / kTPR, tc = threadIdx.x % kTPR;
     int64_t const bh = int64_t(b) * p.heads + h;
     Element const* dO = static_cast<Element const*>(p.dout) + b * p.do_batch + h * p.do_head;
     Element const* O = static_cast<Element const*>(p.out) + b * p.o_batch + h * p.o_head;
     cutlass::NumericArrayConverter<float, Element, 8> cvt;
-    // Every pass's loads first, then the math: the passes' memory latencies overlap.
-    Vec a[kPasses], o[kPasses];
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kPasses; ++i) {
-        int const row = m * kBlockM + tr + i * kRPP;
-        if (row < p.seqlen_q) {
-            a[i] = *reinterpret_cast<Vec const*>(dO + row * p.do_row + tc * 8);
-            o[i] = *reinterpret_cast<Vec const*>(O + row * p.o_row + tc * 8);
-        } else {
-            a[i].clear();
-            o[i].clear();
-        }
-    }
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kPasses; ++i) {
-        int const row = m * kBlockM + tr + i * kRPP;
-        auto const af = cvt(a[i]);
-        auto const of = cvt(o[i]);
+    for (int r = tr; r < kBlockM; r += kRPP) {
+        int const row = m * kBlockM + r;
         float acc = 0.f;
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < 8; ++j) { acc += af[j] * of[j]; }
+        if (row < p.seqlen_q) {
+            auto a = *reinterpret_cast<cutlass::Array<Element, 8> const*>(dO + row * p.do_row + tc * 8);
+            auto o = *reinterpret_cast<cutlass::Array<Element, 8> const*>(O + row * p.o_row + tc * 8);
+            auto af = cvt(a);
+            auto of = cvt(o);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < 8; ++i) { acc += af[i] * of[i]; }
+        }
         CUTLASS_PRAGMA_UNROLL
         for (int s = kTPR / 2; s > 0; s /= 2) { acc += __shfl_xor_sync(0xffffffffu, acc, s); }
         if (tc == 0) {

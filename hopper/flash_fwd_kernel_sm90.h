@@ -80,12 +80,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             clear(tOrO);
             softmax.reset();
             if (n_max > 0) {
-                if (Mainloop::has_rows(params, tile, tid)) {
-                    Mainloop::mma(params, ss, pipe_q, pipe_k, pipe_v, st_q, st_k, st_v, tile, n_max, tid, tOrO,
-                                  softmax);
-                } else {
-                    Mainloop::idle(pipe_q, pipe_k, pipe_v, st_q, st_k, st_v, n_max, tid);
-                }
+                Mainloop::mma(params, ss, pipe_q, pipe_k, pipe_v, st_q, st_k, st_v, tile, n_max, tid, tOrO, softmax);
             }
             float inv_sum[kNRows], lse[kNRows];
             softmax.finalize(params.softmax_scale, inv_sum, lse);

@@ -33,10 +33,8 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
-//   FLASH_DASH_FWD_WG_EPILOGUE=1           each consumer WG stores its own 64 O rows (no cross-WG
-//                                          epilogue barrier; kernel_traits_fwd.h)
-//   FLASH_DASH_FWD_SKIP_IDLE_WG=1          a consumer WG with no row < seqlen_q in the tile skips its
-//                                          GEMMs and softmax (mainloop_fwd_sm90.hpp)
+//   FLASH_DASH_FWD_WG_EPILOGUE=0|1         force one whole-tile O store (0) or one per consumer WG (1);
+//                                          default: per WG with 3 consumer WGs only (kernel_traits_fwd.h)
 //   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
 //                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------

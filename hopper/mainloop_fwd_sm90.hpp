@@ -5,12 +5,6 @@
 #ifndef FLASH_DASH_FWD_RESCALE_SKIP
 #define FLASH_DASH_FWD_RESCALE_SKIP 1
 #endif
-// Variant knob (default 0): a consumer WG whose 64 rows all lie past seqlen_q (the last m-block when
-// seqlen_q is not a multiple of kBlockM, e.g. every power-of-two length with hdim 64's 192-row tiles)
-// keeps the pipeline and turn-taking protocol but issues no GEMMs and no softmax.
-#ifndef FLASH_DASH_FWD_SKIP_IDLE_WG
-#define FLASH_DASH_FWD_SKIP_IDLE_WG 0
-#endif
 
 #include <cmath>
 #include <cute/tensor.hpp>
@@ -145,42 +139,6 @@ struct FwdMainloopSm90 {
                 ++st_v;
             }
         }
-    }
-
-    // True when this WG has a query row < seqlen_q in the tile (always, unless FLASH_DASH_FWD_SKIP_IDLE_WG).
-    CUTE_DEVICE static bool has_rows(Params const& p, FwdTile const& tile, int tid) {
-        return !FLASH_DASH_FWD_SKIP_IDLE_WG || tile.m_block * kBlockM + (tid / 128) * 64 < p.seqlen_q;
-    }
-
-    // A WG with no row in the tile: the same barrier and pipeline calls as mma(), in the same order (the
-    // stages are released only after they filled, and every turn of the round robin is taken), no math.
-    CUTE_DEVICE static void idle(PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v, StateQ& st_q,
-                                 StateKV& st_k, StateKV& st_v, int n_max, int tid) {
-        int const wg = tid / 128;
-        pipe_q.consumer_wait(st_q);
-        pipe_k.consumer_wait(st_k);
-        scheduler_sync(wg);
-        scheduler_arrive(wg);
-        pipe_k.consumer_release(st_k);
-        ++st_k;
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (int n = n_max - 2; n >= 0; --n) {
-            pipe_k.consumer_wait(st_k);
-            pipe_v.consumer_wait(st_v);
-            scheduler_sync(wg);
-            scheduler_arrive(wg);
-            pipe_k.consumer_release(st_k);
-            ++st_k;
-            pipe_v.consumer_release(st_v);
-            ++st_v;
-        }
-        pipe_q.consumer_release(st_q);
-        ++st_q;
-        pipe_v.consumer_wait(st_v);
-        scheduler_sync(wg);
-        scheduler_arrive(wg);
-        pipe_v.consumer_release(st_v);
-        ++st_v;
     }
 
     // Consumer: one (m_block, head, batch) tile, n_max >= 1. Accumulates the unnormalised O in

@@ -10,7 +10,7 @@ enum class FwdNamedBarrier : uint32_t {
     kWarpSchedulerWG0 = 2,   // round robin: consumer WG c waits on kWarpSchedulerWG0 + c before issuing
     kWarpSchedulerWG1 = 3,   //   its GEMMs, then arrives on the next WG's barrier
     kWarpSchedulerWG2 = 4,   //   (third consumer WG, kBlockM = 192)
-    kEpilogueWG0 = 5,        // FLASH_DASH_FWD_WG_EPILOGUE: consumer WG c's own epilogue barrier is
+    kEpilogueWG0 = 5,        // per-WG O stores (kWgEpilogue): consumer WG c's own epilogue barrier is
     kEpilogueWG1 = 6,        //   kEpilogueWG0 + c (its O block is free, then written)
     kEpilogueWG2 = 7,
 };
