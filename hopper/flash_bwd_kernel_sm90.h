@@ -59,6 +59,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
     using PipelineQ = typename Traits::PipelineQ;
     using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
     using ClusterBar = cutlass::arch::ClusterBarrier;
+    using Handoff = typename Traits::DqHandoffT;
 
     extern __shared__ __align__(1024) char smem_buf[];
     SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -92,6 +93,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         ClusterTxBar::init(&ss.barrier_kv, 1);
         ClusterBar::init(&ss.barrier_kv_empty, NumMmaThreads);
         if constexpr (Policy::kDynamic) { Ring::init(ss.tile_ring); }
+        Handoff::init(ss.dq_handoff);
     }
 
     typename PipelineQ::Params pq;
@@ -177,12 +179,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
-            constexpr uint32_t kBar = Traits::kdQBarThreads;
-            int dq_buf = 0;  // two buffers: the one of this step (both roles alternate every step)
-            if constexpr (Traits::kdQStages == 2) {  // both buffers start free
-                cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty0));
-                cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty1));
-            }
+            int dq_iter = 0;  // steps of this CTA (the MMA warpgroups count the same)
             int read = 0;
             for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
@@ -194,14 +191,11 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     int const m = Policy::m_block(sched, c, st, step);
                     float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
                     int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * sched.heads + c.h;
-                    // smem slices are free (previous reduce has read them): let the MMA WGs write. Released
-                    // here, after the previous step's completion wait, not right after its read: releasing
-                    // earlier measured no gain twice (2026-11-30-0329-profile-deferred-release-ab.txt) and
-                    // det hdim 128 full 8k/16k 4-8% lower against cuDNN in 0553/0615 than in 0540.
-                    if constexpr (Traits::kdQStages == 1) {
-                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty0));
-                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(BwdBarrier::dQEmpty1));
-                    }
+                    // One buffer: the slices go back to the MMA WGs here, after the previous step's
+                    // completion wait, not right after its read: releasing earlier measured no gain
+                    // (2026-11-30-0329-profile-deferred-release-ab.txt) and det hdim 128 full 16k 535 vs
+                    // 588 TFLOP/s in the same call (2026-11-30-session5-gpu-tests-649b71d.txt).
+                    Handoff::store_begin();
                     // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
                     // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
                     // after the first are unordered). Fewer waits than the proven-deadlock-free
@@ -217,18 +211,13 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     __syncwarp();
                     auto add_slice = [&](int slice) {
                         float* dst = gacc + slice * Traits::kdQSliceFloats;
-                        float const* src = &ss.smem_dqacc[(dq_buf * Traits::NumMmaWG + slice) * Traits::kdQSliceFloats];
+                        float const* src = Handoff::slice(ss.smem_dqacc, dq_iter, slice);
                         if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
                         else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
                     };
-                    if constexpr (Traits::kdQStages == 1) {
-                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(BwdBarrier::dQFull0));
-                        if (lane == 0) { add_slice(0); }
-                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(BwdBarrier::dQFull1));
-                    } else {
-                        cutlass::arch::NamedBarrier::sync(kBar, uint32_t(dq_buf == 0 ? BwdBarrier::dQFull0 : BwdBarrier::dQFull1));
-                        if (lane == 0) { add_slice(0); }
-                    }
+                    Handoff::store_wait(ss.dq_handoff, dq_iter, 0);
+                    if (lane == 0) { add_slice(0); }
+                    Handoff::store_wait(ss.dq_handoff, dq_iter, 1);
                     if (lane == 0) {
                         timeline.ready();
                         add_slice(1);
@@ -249,10 +238,8 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         timeline.done(int(blockIdx.x), step);
                     }
                     __syncwarp();
-                    if constexpr (Traits::kdQStages == 2) {  // this buffer is free for the step after next
-                        cutlass::arch::NamedBarrier::arrive(kBar, uint32_t(dq_buf == 0 ? BwdBarrier::dQEmpty0 : BwdBarrier::dQEmpty1));
-                        dq_buf ^= 1;
-                    }
+                    Handoff::store_end(ss.dq_handoff, dq_iter, lane);
+                    ++dq_iter;
                 }
             }
             if (lane == 0) { bulk_wait_group_0(); }
@@ -295,7 +282,7 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         int kv_iter = 0;
         int ds_stage = 0;
         int const off = sched.seqlen_k - sched.seqlen_q;
-        float* const sdq_slice = &ss.smem_dqacc[wg * Traits::kdQSliceFloats];  // buffer 0
+        int dq_iter = 0;  // steps of this CTA (the store warp counts the same)
         int const t_in_wg = tid % 128;
 
         int read = 0;
@@ -361,18 +348,17 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
                     warpgroup_wait<1>();  // dV and dQ retired
                     pipeline_do.consumer_release(pipe_read);
-                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread). Two dQ
-                    // buffers: this step's is ds_stage's parity (both alternate every step from 0).
-                    int const dq_bar = Traits::kdQStages == 1 ? wg : ds_stage;
-                    float* const sdq = sdq_slice + (Traits::kdQStages == 1 ? 0 : ds_stage * Traits::NumMmaWG * Traits::kdQSliceFloats);
-                    cutlass::arch::NamedBarrier::sync(Traits::kdQBarThreads, uint32_t(dq_bar == 0 ? BwdBarrier::dQEmpty0 : BwdBarrier::dQEmpty1));
+                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
+                    float* const sdq = Handoff::slice(ss.smem_dqacc, dq_iter, wg);
+                    Handoff::mma_acquire(ss.dq_handoff, dq_iter, wg);
                     CUTLASS_PRAGMA_UNROLL
                     for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
                         float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
                         *reinterpret_cast<float4*>(&sdq[j * 512 + t_in_wg * 4]) = v;
                     }
                     cutlass::arch::fence_view_async_shared();
-                    cutlass::arch::NamedBarrier::arrive(Traits::kdQBarThreads, uint32_t(dq_bar == 0 ? BwdBarrier::dQFull0 : BwdBarrier::dQFull1));
+                    Handoff::mma_commit(ss.dq_handoff, dq_iter, wg);
+                    ++dq_iter;
                     warpgroup_wait<0>();
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;

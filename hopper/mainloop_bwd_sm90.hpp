@@ -16,23 +16,18 @@
 
 #include "utils.hpp"
 #include "tile_ring.hpp"
+#include "dq_handoff.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
 using namespace cute;
 
-// Variant knob: dQ shared-memory buffers between the MMA warpgroups and the dQ-store warp. 1 (default):
-// one buffer, hand-off barriers per MMA warpgroup. 2: two buffers used on alternate steps, hand-off
-// barriers per buffer shared by both warpgroups, so the warpgroups may run a step further ahead of a
-// store warp that waits for its rank predecessor.
+// Variant knob: dQ shared-memory buffers between the MMA warpgroups and the dQ-store warp (1 or 2;
+// dq_handoff.hpp).
 #ifndef FLASH_DASH_BWD_DQ_STAGES
 #define FLASH_DASH_BWD_DQ_STAGES 1
 #endif
-
-// Named barrier ids (user ids 0..7; NamedBarrier adds 8). dQFull/dQEmpty 0 and 1 belong to MMA
-// warpgroup 0 and 1 (one dQ buffer) or to dQ buffer 0 and 1 (two buffers).
-enum class BwdBarrier : uint32_t { PdS = 0, dQFull0 = 1, dQFull1 = 2, dQEmpty0 = 3, dQEmpty1 = 4, Epilogue = 5 };
 
 // Tile shapes (contract with the Python model): hdim <= 64: 128x128, hdim <= 128: 64x128.
 // S and dP are computed transposed (SdP_swapAB: S^T = K Q^T, WGs split the K/V rows), so P^T and
@@ -76,8 +71,7 @@ struct BwdTraits {
     static_assert(kdQFragSize % 4 == 0);
     static constexpr int kdQSliceFloats = kdQFragSize * 128;  // per WG
     static constexpr int kdQStages = FLASH_DASH_BWD_DQ_STAGES;
-    static_assert(kdQStages == 1 || kdQStages == 2, "FLASH_DASH_BWD_DQ_STAGES must be 1 or 2");
-    static constexpr uint32_t kdQBarThreads = kdQStages == 1 ? 128 + 32 : NumMmaThreads + 32;
+    using DqHandoffT = DqHandoff<kdQStages, kdQSliceFloats>;
 
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
@@ -107,6 +101,7 @@ struct BwdTraits {
         alignas(8) uint64_t barrier_kv;
         alignas(8) uint64_t barrier_kv_empty;
         TileRingStorage tile_ring;
+        DqHandoffStorage<kdQStages> dq_handoff;  // last: one buffer adds nothing before it
     };
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(sizeof(SharedStorage) <= 232448, "smem");
