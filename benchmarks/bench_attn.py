@@ -414,7 +414,7 @@ def main(argv=None) -> int:
         for sh in grid:
             print("  " + shape_str(sh))
         return 0
-    bc.require_cuda(PROG)
+    bc.require_cuda(PROG, has_dry_run=True)
     import torch
     meta = bc.collect_metadata(sys.argv if argv is None else [PROG] + list(argv))
     cap = torch.cuda.get_device_capability() if bc.bench_device() == "cuda" else None

@@ -442,7 +442,7 @@ def main(argv=None) -> int:
             print(f"  {m:<11} s={bc.seqlen_label(s):>3}  {MODELS[m]}  "
                   f"step {fl['step'] / 1e12:.1f} TFLOP ({100 * 3.5 * fl['attn_fwd'] / fl['step']:.0f}% attention)")
         return 0
-    bc.require_cuda(PROG)
+    bc.require_cuda(PROG, has_dry_run=True)
     meta = bc.collect_metadata(sys.argv if argv is None else [PROG] + list(argv))
     config = dict(vars(args))
     config.update(models={m: MODELS[m] for m, _ in shapes}, shapes=shapes, impls=impls,

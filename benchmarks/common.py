@@ -498,8 +498,8 @@ def short_tb(e: BaseException, limit: int = 2500) -> str:
 
 
 # --------------------------------------------------------------------------- environment
-def require_cuda(prog: str) -> None:
-    """Exit with code 2 and a clear message when CUDA is not usable."""
+def require_cuda(prog: str, has_dry_run: bool = False) -> None:
+    """Exit with code 2 and a clear message when CUDA is not usable (``has_dry_run``: ``prog`` takes --dry-run)."""
     try:
         import torch
     except Exception as e:
@@ -512,7 +512,7 @@ def require_cuda(prog: str) -> None:
     if not torch.cuda.is_available():
         print(f"{prog}: no CUDA device available (torch {torch.__version__}, "
               f"built with CUDA {torch.version.cuda}); this benchmark needs an NVIDIA GPU "
-              f"(H200 / sm90). Use --dry-run to list the rows.", file=sys.stderr)
+              f"(H200 / sm90).{' Use --dry-run to list the rows.' if has_dry_run else ''}", file=sys.stderr)
         sys.exit(2)
 
 

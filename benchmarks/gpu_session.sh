@@ -3,7 +3,7 @@
 # (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize profile bench (quick) bench-attn bench-block variants
+#   steps: build tests sanitize profile ncu-fwd bench (quick) bench-attn bench-block variants
 #   (default: build tests sanitize bench variants)
 #
 # Variants: every folder .prebuilt/<name>/ holding `make kernels` objects and a flags.txt (what differs)
@@ -62,6 +62,13 @@ if has profile; then  # per-kernel backward time (preprocess / main / postproces
     timeout 120 python3 benchmarks/profile_bwd.py --hdim 128 --seqlen 512,2048 $mode > "$LOG/profile-bwd${mode}.txt" 2>&1
     summary+=("profile_bwd ${mode:-non-det} rc $?")
   done
+  pack
+fi
+if has ncu-fwd; then  # Nsight Compute: our forward and cuDNN's, one launch each (NCU_FWD_ARGS: shape)
+  timeout 240 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
+    --section SchedulerStats --section ComputeWorkloadAnalysis python3 benchmarks/ncu_fwd.py ${NCU_FWD_ARGS:---hdim 128 --seqlen 2k} \
+    > "$LOG/ncu-fwd.txt" 2>&1
+  summary+=("ncu-fwd rc $?")
   pack
 fi
 has bench && bench bench-quick 300 --quick
