@@ -75,9 +75,14 @@ has bench && bench bench-quick 300 --quick
 has bench-attn && bench bench-attn 400 --attn-only     # the whole DASH grid (512..16k)
 has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
 if has variants; then
-  # The installed build first, so every variant has a same-run baseline.
-  timeout 120 python3 benchmarks/fwd_variants.py installed --json "$LOG/fwd-installed.json" > "$LOG/probe-installed.txt" 2>&1
-  cat "$LOG/probe-installed.txt"
+  # Forward variants (no bench_args.txt / command.txt) compare with the installed build: probe it first.
+  for dir in .prebuilt/*/; do
+    if [ -f "$dir/flags.txt" ] && [ ! -f "$dir/bench_args.txt" ] && [ ! -f "$dir/command.txt" ]; then
+      timeout 120 python3 benchmarks/fwd_variants.py installed --json "$LOG/fwd-installed.json" > "$LOG/probe-installed.txt" 2>&1
+      cat "$LOG/probe-installed.txt"
+      break
+    fi
+  done
   for dir in .prebuilt/*/; do
     [ -f "$dir/flags.txt" ] || continue  # other prebuilt folders (e.g. whole-build objects) are not variants
     name=$(basename "$dir")
