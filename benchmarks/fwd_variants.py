@@ -18,6 +18,30 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from benchmarks import common  # noqa: E402
 
 
+def fwd_calls(q, k, v, causal: bool, out=None, lse=None):
+    """(ours, cudnn): one forward each on (b, s, h, d) inputs; ours writes into ``out`` / ``lse`` (made here when
+    None)."""
+    import torch
+    import torch.nn.functional as F
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+
+    b, s, h, d = q.shape
+    out = torch.empty_like(q) if out is None else out
+    lse = torch.empty(b, h, s, device=q.device) if lse is None else lse
+    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
+
+    def ours():
+        torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, 0)
+
+    def cudnn():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+
+    return ours, cudnn
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", help="variant label for the table")
@@ -26,29 +50,22 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     common.require_cuda("fwd_variants.py")
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
     rows = []
     for hdim in (64, 128):
         for causal in (False, True):
             for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
                 b, h = 16384 // s, 2048 // hdim
-                sets = [[torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-                        for _ in range(3)]
-                out = torch.empty_like(sets[0][0])
+                out = torch.empty(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)  # one output for all sets
                 lse = torch.empty(b, h, s, device="cuda")
+                sets = [fwd_calls(*(torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
+                                    for _ in range(3)), causal, out, lse) for _ in range(3)]
 
                 def ours(i):
-                    q, k, v = sets[i % 3]
-                    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, hdim ** -0.5, causal, 0)
+                    sets[i % 3][0]()
 
                 def cudnn(i):
-                    q, k, v = (x.transpose(1, 2) for x in sets[i % 3])
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+                    sets[i % 3][1]()
 
                 flops = common.attn_fwd_flops(b, h, s, s, hdim, causal)
                 row = {"variant": args.name, "hdim": hdim, "causal": causal, "seqlen": s}

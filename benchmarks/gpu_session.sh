@@ -74,20 +74,28 @@ fi
 has bench && bench bench-quick 300 --quick
 has bench-attn && bench bench-attn 400 --attn-only     # the whole DASH grid (512..16k)
 has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
+variant_kind() {  # variant_kind DIR: none (no flags.txt: plain objects), command, bench or fwd
+  if [ ! -f "$1/flags.txt" ]; then echo none
+  elif [ -f "$1/command.txt" ]; then echo command
+  elif [ -f "$1/bench_args.txt" ]; then echo bench
+  else echo fwd
+  fi
+}
 if has variants; then
-  # Forward variants (no bench_args.txt / command.txt) compare with the installed build: probe it first.
+  # Forward variants compare with the installed build: probe it first, once, if any is carried.
   for dir in .prebuilt/*/; do
-    if [ -f "$dir/flags.txt" ] && [ ! -f "$dir/bench_args.txt" ] && [ ! -f "$dir/command.txt" ]; then
+    if [ "$(variant_kind "$dir")" = fwd ]; then
       timeout 120 python3 benchmarks/fwd_variants.py installed --json "$LOG/fwd-installed.json" > "$LOG/probe-installed.txt" 2>&1
       cat "$LOG/probe-installed.txt"
       break
     fi
   done
   for dir in .prebuilt/*/; do
-    [ -f "$dir/flags.txt" ] || continue  # other prebuilt folders (e.g. whole-build objects) are not variants
+    kind=$(variant_kind "$dir")
+    [ "$kind" = none ] && continue
     name=$(basename "$dir")
     BUILD_TAG=$name
-    if [ -f "$dir/command.txt" ]; then  # whole-build variant that brings its own measurement
+    if [ "$kind" = command ]; then  # whole-build variant that brings its own measurement
       build FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
       VARIANT_JSON="$LOG/$name.json" timeout 200 bash -c "$(cat "$dir/command.txt")" > "$LOG/cmd-$name.txt" 2>&1
       summary+=("variant $name ($(cat "$dir/flags.txt")): command rc $?")
@@ -95,7 +103,7 @@ if has variants; then
       pack
       continue
     fi
-    if [ -f "$dir/bench_args.txt" ]; then
+    if [ "$kind" = bench ]; then
       # Bad arguments fail here in a second, not after a link (session 4 lost a variant to --repeats 1).
       # shellcheck disable=SC2046
       python3 benchmarks/bench_attn.py $(cat "$dir/bench_args.txt") --dry-run > /dev/null 2> "$LOG/args-$name.txt" \

@@ -16,6 +16,7 @@ from pathlib import Path
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks import common  # noqa: E402
+from benchmarks.fwd_variants import fwd_calls  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -26,25 +27,11 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     common.require_cuda("ncu_fwd.py")
     import torch
-    import torch.nn.functional as F
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
     s = common.parse_seqlen(args.seqlen)
     b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // args.hdim
-    q, k, v = (torch.randn(b, s, h, args.hdim, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.empty_like(q)
-    lse = torch.empty(b, h, s, device="cuda")
-    qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
-
-    def ours():
-        torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, args.hdim ** -0.5, args.causal, 0)
-
-    def cudnn():
-        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-            F.scaled_dot_product_attention(qt, kt, vt, is_causal=args.causal)
-
+    ours, cudnn = fwd_calls(*(torch.randn(b, s, h, args.hdim, device="cuda", dtype=torch.bfloat16)
+                              for _ in range(3)), args.causal)
     for _ in range(3):
         ours()
         cudnn()
