@@ -10,6 +10,7 @@
 #pragma once
 #include <cstdint>
 #include <cutlass/arch/barrier.h>
+#include "tile_ring.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -27,16 +28,17 @@ struct DqHandoffStorage<2> {
     alignas(8) uint64_t empty[2][2];  // [buffer][warpgroup]: the store warp is done reading the slice
 };
 
-template <int kStages, int kSliceFloats>
+// Two buffers are a two-slot ring per warpgroup (tile_ring.hpp's slot/phase arithmetic).
+template <int kStages, int kNumWG, int kSliceFloats>
 struct DqHandoff {
     static_assert(kStages == 1 || kStages == 2, "FLASH_DASH_BWD_DQ_STAGES must be 1 or 2");
-    static constexpr int kNumWG = 2;
+    static_assert(kNumWG == 2, "BwdBarrier and DqHandoffStorage hold two MMA warpgroups");
     static constexpr uint32_t kNamedBarThreads = 128 + 32;  // one MMA warpgroup + the store warp
     using Bar = cutlass::arch::ClusterBarrier;
     using Storage = DqHandoffStorage<kStages>;
 
-    static __device__ __forceinline__ int buffer(int iter) { return kStages == 1 ? 0 : iter & 1; }
-    static __device__ __forceinline__ uint32_t phase(int iter) { return uint32_t(iter >> 1) & 1u; }
+    static __device__ __forceinline__ int buffer(int iter) { return kStages == 1 ? 0 : ring2_slot(iter); }
+    static __device__ __forceinline__ uint32_t phase(int iter) { return ring2_phase(iter); }
     static __device__ __forceinline__ float* slice(float* smem_dq, int iter, int wg) {
         return smem_dq + (buffer(iter) * kNumWG + wg) * kSliceFloats;
     }

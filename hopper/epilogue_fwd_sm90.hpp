@@ -20,6 +20,10 @@ struct FwdEpilogueSm90 {
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kHeadDim = Traits::kHeadDim;
     static constexpr int kNumMmaThreads = Traits::kNumMmaThreads;
+    // Staged O is written and stored in Traits::kOParts row blocks, each by its own kPartThreads threads.
+    static constexpr int kPartThreads = kNumMmaThreads / Traits::kOParts;
+    CUTE_DEVICE static int part_of(int tid) { return Traits::kOParts == 1 ? 0 : tid / kPartThreads; }
+    CUTE_DEVICE static int thread_in_part(int tid) { return Traits::kOParts == 1 ? tid : tid % kPartThreads; }
 
     // tOrO: normalised fp32 O fragment of the PV TiledMMA; lse: per owned row (natural log).
     // Rows >= seqlen_q are not written (lse: predicate; O: the TMA store clips the box).
@@ -71,9 +75,8 @@ struct FwdEpilogueSm90 {
             // their previous TMA store has read the block, write it (stmatrix), fence the generic-proxy
             // writes for the async proxy, and one of them stores it.
             constexpr int kParts = Traits::kOParts;
-            constexpr int kPartThreads = kNumMmaThreads / kParts;
-            int const part = kParts == 1 ? 0 : tid / kPartThreads;
-            int const t = kParts == 1 ? tid : tid % kPartThreads;
+            int const part = part_of(tid);
+            int const t = thread_in_part(tid);
             auto const free_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemFree)
                                              : uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
             auto const ready_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemReady) : free_id;
@@ -106,7 +109,7 @@ struct FwdEpilogueSm90 {
     // Before the CTA exits: the outstanding store must have read smem (the issuing thread of each part).
     CUTE_DEVICE static void finish(int tid) {
         if constexpr (Traits::kStagedO) {
-            if ((Traits::kOParts == 1 ? tid : tid % (kNumMmaThreads / Traits::kOParts)) == 0) { cute::tma_store_wait<0>(); }
+            if (thread_in_part(tid) == 0) { cute::tma_store_wait<0>(); }
         }
     }
 };

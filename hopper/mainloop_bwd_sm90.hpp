@@ -71,7 +71,7 @@ struct BwdTraits {
     static_assert(kdQFragSize % 4 == 0);
     static constexpr int kdQSliceFloats = kdQFragSize * 128;  // per WG
     static constexpr int kdQStages = FLASH_DASH_BWD_DQ_STAGES;
-    using DqHandoffT = DqHandoff<kdQStages, kdQSliceFloats>;
+    using DqHandoffT = DqHandoff<kdQStages, NumMmaWG, kdQSliceFloats>;
 
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
