@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     for hdim in (int(x) for x in args.hdim.split(",")):
         for causal in (False, True):
             for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
-                b, h = 16384 // s, 2048 // hdim
+                b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // hdim
                 q, k, v, dout = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
                 out, lse = fwd(q, k, v, hdim ** -0.5, causal, 0)
                 # Non-deterministic backwards ignore the schedule (hopper/bwd_schedule.hpp choose_launch): one row.

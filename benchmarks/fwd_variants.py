@@ -55,7 +55,7 @@ def main(argv=None) -> int:
     for hdim in (64, 128):
         for causal in (False, True):
             for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
-                b, h = 16384 // s, 2048 // hdim
+                b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // hdim
                 out = torch.empty(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)  # one output for all sets
                 lse = torch.empty(b, h, s, device="cuda")
                 sets = [fwd_calls(*(torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
