@@ -43,11 +43,14 @@ if has tests; then
     pack
   done
 fi
-if has sanitize; then
-  for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
-    timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 tests/sanitize_bwd.py > "$LOG/sanitize-$tool.log" 2>&1
-    summary+=("sanitize $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$tool.log" | tail -1)")
-    pack
+if has sanitize; then  # SANITIZE_PASSES: which of tests/sanitize_{bwd,fwd}.py (default both)
+  for pass in ${SANITIZE_PASSES:-bwd fwd}; do
+    for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
+      timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" \
+        > "$LOG/sanitize-$pass-$tool.log" 2>&1
+      summary+=("sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$pass-$tool.log" | tail -1)")
+      pack
+    done
   done
 fi
 bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/results, packed at once

@@ -25,10 +25,10 @@ struct FwdEpilogueSm90 {
     CUTE_DEVICE static int part_of(int tid) { return Traits::kOParts == 1 ? 0 : tid / kPartThreads; }
     CUTE_DEVICE static int thread_in_part(int tid) { return Traits::kOParts == 1 ? tid : tid % kPartThreads; }
 
-    // tOrO: normalised fp32 O fragment of the PV TiledMMA; lse: per owned row (natural log).
-    // Rows >= seqlen_q are not written (lse: predicate; O: the TMA store clips the box).
+    // rO: normalised O fragment of the PV TiledMMA, already in the output type; lse: per owned row
+    // (natural log). Rows >= seqlen_q are not written (lse: predicate; O: the TMA store clips the box).
     template <class TensorO, int kNRows>
-    CUTE_DEVICE static void store(Params const& p, SharedStorage& ss, TensorO const& tOrO,
+    CUTE_DEVICE static void store(Params const& p, SharedStorage& ss, TensorO const& rO,
                                   float const (&lse)[kNRows], FwdTile const& tile, int tid) {
         using namespace cute;
         typename Traits::TiledMmaPV mma_pv;
@@ -48,8 +48,6 @@ struct FwdEpilogueSm90 {
             }
         }
 
-        Tensor rO = make_tensor_like<Element>(tOrO);
-        convert_fragment(tOrO, rO);
         if constexpr (!Traits::kStagedO) {
             // Straight from registers: columns (c, c+1) of a row are adjacent in the fragment and in
             // memory (c even), so each thread writes 4-byte pairs. Rows >= seqlen_q are skipped.

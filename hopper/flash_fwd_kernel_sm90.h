@@ -67,26 +67,19 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         int const tid = int(threadIdx.x) - 128;
         typename Traits::TiledMmaPV mma_pv;
         Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
-        Tensor tO_rc = make_rowcol_view(tOrO);
-        constexpr int kNRows = decltype(size<0>(tO_rc))::value;
+        clear(tOrO);
+        constexpr int kNRows = decltype(size<0>(make_rowcol_view(tOrO)))::value;
         OnlineSoftmax<kNRows, Traits::kExp2EmuPer8> softmax(params.scale_log2);
-        typename Mainloop::StateQ st_q;
-        typename Mainloop::StateKV st_k, st_v;
         Mainloop::scheduler_init(tid / 128);
-
-        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
-            FwdTile const tile = sched.decode(t);
-            int const n_max = Mainloop::n_block_max(params, tile.m_block);
-            clear(tOrO);
-            softmax.reset();
-            if (n_max > 0) {
-                Mainloop::mma(params, ss, pipe_q, pipe_k, pipe_v, st_q, st_k, st_v, tile, n_max, tid, tOrO, softmax);
-            }
-            float inv_sum[kNRows], lse[kNRows];
-            softmax.finalize(params.softmax_scale, inv_sum, lse);
+        // A finished tile (its O in tOrO): normalise O, convert it to the output type, store it with its LSE.
+        auto tile_done = [&](FwdTile const& tile, float const (&inv_sum)[kNRows], float const (&lse)[kNRows]) {
+            Tensor tO_rc = make_rowcol_view(tOrO);
             rescale_rows(tO_rc, inv_sum);
-            Epilogue::store(params, ss, tOrO, lse, tile, tid);
-        }
+            Tensor rO = make_tensor_like<typename Traits::Element>(tOrO);
+            convert_fragment(tOrO, rO);
+            Epilogue::store(params, ss, rO, lse, tile, tid);
+        };
+        Mainloop::consume(params, ss, sched, pipe_q, pipe_k, pipe_v, tid, tOrO, softmax, tile_done);
         Epilogue::finish(tid);
     }
 #endif

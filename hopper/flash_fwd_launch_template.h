@@ -33,13 +33,15 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
-//   FLASH_DASH_FWD_WG_EPILOGUE=0|1         force one whole-tile O store (0) or one per consumer WG (1);
-//                                          default: per WG with 3 consumer WGs only (kernel_traits_fwd.h)
+//   FLASH_DASH_FWD_WG_EPILOGUE=0|1         (default 1) one O store per consumer WG, or one whole-tile store
 //   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
 //                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------
 // Defaults measured on the H200 (benchmarks/results/NOTES.md, 2026-11-30): hdim 64 takes 192-row tiles
-// (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop).
+// (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop);
+// hdim 128 loads the next tile's Q a tile ahead (2 Q buffers, 224 KB smem): the step loop runs across
+// tiles, so a tile's first QK^T is issued with the previous tile's last PV and needs its Q by then
+// (with one buffer: hdim 128 full 2k-16k 621/656/676/665 vs 642/667/678/679 TFLOP/s, session 6).
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_BLOCK_M 192
 #endif
@@ -62,7 +64,7 @@ namespace flash_dash {
 #define FLASH_DASH_FWD_HDIM128_STAGES 2
 #endif
 #ifndef FLASH_DASH_FWD_HDIM128_Q_STAGES
-#define FLASH_DASH_FWD_HDIM128_Q_STAGES 1
+#define FLASH_DASH_FWD_HDIM128_Q_STAGES 2
 #endif
 #ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M FLASH_DASH_FWD_HDIM64_BLOCK_M

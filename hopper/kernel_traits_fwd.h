@@ -18,9 +18,9 @@
 #ifndef FLASH_DASH_FWD_HDIM128_EXP2_EMU
 #define FLASH_DASH_FWD_HDIM128_EXP2_EMU 0
 #endif
-// -1 (default): per-WG O stores with 3 consumer WGs, one whole-tile store with 2; 0 / 1 force either.
+// 1 (default): each consumer WG stores its own O rows; 0: one whole-tile store.
 #ifndef FLASH_DASH_FWD_WG_EPILOGUE
-#define FLASH_DASH_FWD_WG_EPILOGUE -1
+#define FLASH_DASH_FWD_WG_EPILOGUE 1
 #endif
 
 namespace flash_dash {
@@ -90,13 +90,12 @@ struct FwdKernelTraits {
         cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
     // O staging in kOParts row blocks of kORows, each written, fenced and TMA-stored by its own
-    // threads: one (kBlockM, d) block for all consumer WGs, or one (64, d) block per consumer WG, so a
-    // WG's epilogue never waits for the other WGs (they run a GEMM apart in the round robin). Per WG
-    // measured +0.2-3% at hdim 64 (3 WGs; causal 2k 364 -> 371 TFLOP/s) and -1% at hdim 128 full 8k/16k
-    // (2 WGs) in the same call (2026-11-30-session5-fwd-variants.txt). TiledMmaO is the register layout
-    // of one block's rows: TiledMmaPV, or its one-WG slice.
-    static constexpr bool kWgEpilogue =
-        FLASH_DASH_FWD_WG_EPILOGUE < 0 ? kNumMmaWarpGroups == 3 : FLASH_DASH_FWD_WG_EPILOGUE != 0;
+    // threads: one (64, d) block per consumer WG, so a WG's epilogue never waits for the other WGs
+    // (they run a GEMM apart in the round robin), or one (kBlockM, d) block for all of them. Per WG
+    // measured +0.2-3% at hdim 64 (2026-11-30-session5-fwd-variants.txt) and, with the early Q
+    // release, +1-2% at hdim 128 2k-8k (2026-11-30-session6). TiledMmaO is the register layout of one
+    // block's rows: TiledMmaPV, or its one-WG slice.
+    static constexpr bool kWgEpilogue = FLASH_DASH_FWD_WG_EPILOGUE != 0;
     static constexpr int kORows = kWgEpilogue ? 64 : kBlockM;  // rows per O TMA store
     static constexpr int kOParts = kBlockM / kORows;
     using SmemLayoutOStage = decltype(cute::tile_to_shape(

@@ -35,8 +35,8 @@ struct FwdMainloopSm90 {
     // Round robin between the kNumWG consumer warpgroups (wg = 0 .. kNumWG-1): WG c syncs on
     // barrier c before issuing its GEMMs and then arrives on barrier c+1 (mod kNumWG), so the token
     // goes 0, 1, [2,] 0, ... Every sync is matched by exactly one arrive of the previous WG: all WGs
-    // work on the same tile, so they make the same number of sync/arrive pairs (n_max + 1 per
-    // tile). WG kNumWG-1 pre-arrives once on barrier 0 so WG 0 goes first; its last arrive is left
+    // work on the same tiles, so they make the same number of sync/arrive pairs (one per step of
+    // consume()). WG kNumWG-1 pre-arrives once on barrier 0 so WG 0 goes first; its last arrive is left
     // pending when the CTA exits. A WG cannot arrive twice on a barrier before its owner synced:
     // its next arrive needs its own next sync, which needs the token to go round once.
     static constexpr int kNumWG = Traits::kNumMmaWarpGroups;
@@ -141,14 +141,19 @@ struct FwdMainloopSm90 {
         }
     }
 
-    // Consumer: one (m_block, head, batch) tile, n_max >= 1. Accumulates the unnormalised O in
-    // tOrO (zeroed by the caller) and the running max/sum in `softmax`.
-    // Intra-warpgroup overlap: S_{n-1} = Q K_{n-1}^T is issued together with O += P_n V_n; the
-    // softmax of S_{n-1} runs while the PV wgmma is in flight, O is rescaled after it retires.
-    template <class TensorO, class Softmax>
-    CUTE_DEVICE static void mma(Params const& p, SharedStorage& ss, PipelineQ& pipe_q, PipelineKV& pipe_k,
-                                PipelineKV& pipe_v, StateQ& st_q, StateKV& st_k, StateKV& st_v,
-                                FwdTile const& tile, int n_max, int tid, TensorO& tOrO, Softmax& softmax) {
+    // Consumer: walks the CTA's tiles (the scheduler's sequence) block by block, n = n_max-1 .. 0 per
+    // tile. Every step issues S = Q K[n]^T of the current block together with O += P V of the block
+    // before it (FA3's intra-warpgroup overlap: the softmax of S runs while the PV wgmma is in flight),
+    // and the step does not stop at tile boundaries: a tile's first QK^T goes out with the previous
+    // tile's last PV, whose epilogue, tile_done(tile, inv_sum, lse), then runs while the other
+    // warpgroups use the tensor cores. tOrO (zero on entry) is cleared again after each tile_done.
+    // Tiles without a visible key (n_max == 0, causal with seqlen_q > seqlen_k) get tile_done with
+    // O = 0, inv_sum = 0 and lse = -inf. Every consumer WG makes the same steps, so the round robin
+    // sees one sync/arrive pair per step from each.
+    template <class TensorO, class Softmax, class TileDone>
+    CUTE_DEVICE static void consume(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
+                                    PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v, int tid,
+                                    TensorO& tOrO, Softmax& softmax, TileDone&& tile_done) {
         using namespace cute;
         typename Traits::TiledMmaQK mma_qk;
         typename Traits::TiledMmaPV mma_pv;
@@ -158,9 +163,9 @@ struct FwdMainloopSm90 {
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
         Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
         Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
-        Tensor tSrQs = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, q_stages)
-        Tensor tSrK = thr_qk.partition_fragment_B(sK);   // (MMA, MMA_N, MMA_K, stages)
-        Tensor tOrV = thr_pv.partition_fragment_B(sVt);  // (MMA, MMA_N, MMA_K, stages)
+        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, q_stages)
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+        Tensor tOrV = thr_pv.partition_fragment_B(sVt); // (MMA, MMA_N, MMA_K, stages)
 
         Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
         Tensor tS_rc = make_rowcol_view(tSrS);
@@ -172,11 +177,10 @@ struct FwdMainloopSm90 {
         Tensor tScS = thr_qk.partition_C(cS);
         Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
 
-        int const row0 = tile.m_block * kBlockM;
         int const offset = p.seqlen_k - p.seqlen_q;
         // Mask keys >= seqlen_k and, if causal, keys j > i + offset. Only blocks that straddle a
         // boundary pay for it (the branch is warp-uniform).
-        auto apply_mask = [&](int n_block) {
+        auto apply_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
             bool const need = col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
             if (need) {
@@ -195,67 +199,117 @@ struct FwdMainloopSm90 {
         };
 
         constexpr int kNRows = decltype(size<0>(tS_rc))::value;
-        float o_scale[kNRows];
-
+        float o_scale[kNRows], inv_sum[kNRows], lse[kNRows];
         int const wg = tid / 128;
-        int n = n_max - 1;
-        pipe_q.consumer_wait(st_q);
-        Tensor tSrQ = tSrQs(_, _, _, st_q.index());
-        pipe_k.consumer_wait(st_k);
-        scheduler_sync(wg);
-        wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
-        scheduler_arrive(wg);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tSrS);
-        pipe_k.consumer_release(st_k);
-        ++st_k;
-        apply_mask(n);
-        softmax.online(tS_rc, o_scale);  // O is still zero: no rescale
-        convert_fragment(tSrS, rP);
+        StateQ st_q;
+        StateKV st_k, st_v;
+        bool pv_pending = false;  // rP holds P of the previous block, not yet multiplied by its V
+        FwdTile pv_tile{};        // the tile that block belongs to
 
-        CUTLASS_PRAGMA_NO_UNROLL
-        for (n = n_max - 2; n >= 0; --n) {
-            pipe_k.consumer_wait(st_k);
+        // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
+        // after the last tile).
+        auto flush = [&]() {
             pipe_v.consumer_wait(st_v);
             scheduler_sync(wg);
-            wg_gemm<true, -1>(mma_qk, tSrQ, tSrK(_, _, _, st_k.index()), tSrS);
             wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
             scheduler_arrive(wg);
-            warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
-            warpgroup_fence_operand(tSrS);
-            pipe_k.consumer_release(st_k);
-            ++st_k;
-            apply_mask(n);
-            softmax.online(tS_rc, o_scale);
-            warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+            warpgroup_wait<0>();
             warpgroup_fence_operand(tOrO);
-            warpgroup_fence_operand(rP);
             pipe_v.consumer_release(st_v);
             ++st_v;
-#if FLASH_DASH_FWD_RESCALE_SKIP
-            // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps
-            // the branch warp-uniform.
-            bool moved = false;
-            CUTLASS_PRAGMA_UNROLL
-            for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
-            if (__any_sync(0xffffffffu, moved)) { rescale_rows(tO_rc, o_scale); }
-#else
-            rescale_rows(tO_rc, o_scale);
-#endif
-            convert_fragment(tSrS, rP);
-        }
-        pipe_q.consumer_release(st_q);  // last QK^T has retired
-        ++st_q;
+            softmax.finalize(p.softmax_scale, inv_sum, lse);
+            tile_done(pv_tile, inv_sum, lse);
+            clear(tOrO);
+            pv_pending = false;
+        };
 
-        pipe_v.consumer_wait(st_v);
-        scheduler_sync(wg);
-        wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
-        scheduler_arrive(wg);
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tOrO);
-        warpgroup_fence_operand(rP);
-        pipe_v.consumer_release(st_v);
-        ++st_v;
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+            FwdTile const tile = sched.decode(t);
+            int const n_max = n_block_max(p, tile.m_block);
+            if (n_max <= 0) {
+                if (pv_pending) { flush(); }
+                softmax.reset();
+                softmax.finalize(p.softmax_scale, inv_sum, lse);  // no key: inv_sum 0, lse -inf
+                tile_done(tile, inv_sum, lse);
+                continue;
+            }
+            int const row0 = tile.m_block * kBlockM;
+            // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer the
+            // producer only then loads the next tile's Q (+1-3% at 2k, session 6 variants).
+            auto release_q_after = [&](int n) {
+                if (n == 0) {
+                    pipe_q.consumer_release(st_q);
+                    ++st_q;
+                }
+            };
+            int n = n_max - 1;
+            pipe_q.consumer_wait(st_q);
+            if (!pv_pending) {  // the CTA's first block, or the first after a flush: S alone
+                pipe_k.consumer_wait(st_k);
+                scheduler_sync(wg);
+                wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ(_, _, _, st_q.index()),
+                                                          tSrK(_, _, _, st_k.index()), tSrS);
+                scheduler_arrive(wg);
+                warpgroup_wait<0>();
+                warpgroup_fence_operand(tSrS);
+                pipe_k.consumer_release(st_k);
+                ++st_k;
+                release_q_after(n);
+                softmax.reset();
+                apply_mask(row0, n);
+                softmax.online(tS_rc, o_scale);  // O is zero: no rescale
+                convert_fragment(tSrS, rP);
+                pv_pending = true;
+                pv_tile = tile;
+                --n;
+            }
+            // Every step below also has a pending PV; the branches on `first` do not touch wgmma
+            // operands between issue and wait (a conditional wgmma makes ptxas serialize them all).
+            CUTLASS_PRAGMA_NO_UNROLL
+            for (; n >= 0; --n) {
+                bool const first = n == n_max - 1;
+                pipe_k.consumer_wait(st_k);
+                pipe_v.consumer_wait(st_v);
+                scheduler_sync(wg);
+                wg_gemm<true, -1>(mma_qk, tSrQ(_, _, _, st_q.index()), tSrK(_, _, _, st_k.index()), tSrS);
+                wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+                scheduler_arrive(wg);
+                warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
+                warpgroup_fence_operand(tSrS);
+                pipe_k.consumer_release(st_k);
+                ++st_k;
+                release_q_after(n);
+                if (first) {  // the pending PV is the previous tile's last
+                    softmax.finalize(p.softmax_scale, inv_sum, lse);
+                    softmax.reset();
+                }
+                apply_mask(row0, n);
+                softmax.online(tS_rc, o_scale);
+                warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+                warpgroup_fence_operand(tOrO);
+                warpgroup_fence_operand(rP);
+                pipe_v.consumer_release(st_v);
+                ++st_v;
+                if (first) {  // O of the previous tile is complete
+                    tile_done(pv_tile, inv_sum, lse);
+                    clear(tOrO);
+                } else {
+#if FLASH_DASH_FWD_RESCALE_SKIP
+                    // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps
+                    // the branch warp-uniform.
+                    bool moved = false;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
+                    if (__any_sync(0xffffffffu, moved)) { rescale_rows(tO_rc, o_scale); }
+#else
+                    rescale_rows(tO_rc, o_scale);
+#endif
+                }
+                convert_fragment(tSrS, rP);
+                pv_tile = tile;
+            }
+        }
+        if (pv_pending) { flush(); }
     }
 };
 

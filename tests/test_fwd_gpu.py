@@ -104,6 +104,20 @@ def test_fwd_softmax_scale_and_sm_margin(causal, d, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1024, 1024), (799, 3), (203, 113), (1, 1)])
+def test_fwd_many_tiles_per_cta(sq, sk, causal, d, dtype):
+    """A 3-CTA grid: each CTA runs many tiles back to back, so every tile's O epilogue overlaps the next
+    tile's first step (and, causal (799, 3), tiles without a visible key sit between tiles with keys)."""
+    q, k, v = _inputs(3, sq, sk, 6, 2, d, dtype)
+    margin = torch.cuda.get_device_properties(q.device).multi_processor_count - 3
+    scale = d**-0.5
+    out, lse = _run_fwd(q, k, v, scale, causal, sm_margin=margin)
+    _check(q, k, v, out, lse, scale, causal)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq", [1, 257, 1000])
 def test_fwd_packed_qkv_strides(sq, causal, d, dtype):
     """q, k, v as slices of a packed (b, s, 3, h, d) tensor: row stride 3*h*d, batch stride s*3*h*d."""
