@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
         clear(tOrO);
         constexpr int kNRows = decltype(size<0>(make_rowcol_view(tOrO)))::value;
-        OnlineSoftmax<kNRows, Traits::kExp2EmuPer8> softmax(params.scale_log2);
+        OnlineSoftmax<kNRows> softmax(params.scale_log2);
         Mainloop::scheduler_init(tid / 128);
         // A finished tile (its O in tOrO): normalise O, convert it to the output type, store it with its LSE.
         auto tile_done = [&](FwdTile const& tile, float const (&inv_sum)[kNRows], float const (&lse)[kNRows]) {

@@ -34,8 +34,6 @@ namespace flash_dash {
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
 //   FLASH_DASH_FWD_WG_EPILOGUE=0|1         (default 1) one O store per consumer WG, or one whole-tile store
-//   FLASH_DASH_FWD_HDIM{64,128}_EXP2_EMU=k k of every 8 softmax exponentials on the FMA pipe
-//                                          (polynomial, rel. err. 2.7e-6; not bitwise equal)
 // ---------------------------------------------------------------------------------------------
 // Defaults measured on the H200 (benchmarks/results/NOTES.md, 2026-11-30): hdim 64 takes 192-row tiles
 // (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop);

@@ -12,12 +12,6 @@
 
 #include "utils.hpp"
 
-#ifndef FLASH_DASH_FWD_HDIM64_EXP2_EMU
-#define FLASH_DASH_FWD_HDIM64_EXP2_EMU 0
-#endif
-#ifndef FLASH_DASH_FWD_HDIM128_EXP2_EMU
-#define FLASH_DASH_FWD_HDIM128_EXP2_EMU 0
-#endif
 // 1 (default): each consumer WG stores its own O rows; 0: one whole-tile store.
 #ifndef FLASH_DASH_FWD_WG_EPILOGUE
 #define FLASH_DASH_FWD_WG_EPILOGUE 1
@@ -52,9 +46,6 @@ struct FwdKernelTraits {
     // Inter-warpgroup round robin (FA3's scheduler barrier): the consumer WGs take turns issuing
     // their GEMMs (0, 1, [2,] 0, ...), so one WG's softmax overlaps the other WGs' tensor-core work.
     static constexpr bool kUseSchedulerBarrier = true;
-    // Softmax exponentials taken on the FMA pipe, per 8 columns (OnlineSoftmax's kEmuPer8).
-    static constexpr int kExp2EmuPer8 = kHeadDim <= 64 ? FLASH_DASH_FWD_HDIM64_EXP2_EMU : FLASH_DASH_FWD_HDIM128_EXP2_EMU;
-    static_assert(kExp2EmuPer8 >= 0 && kExp2EmuPer8 <= 8);
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;

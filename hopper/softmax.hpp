@@ -7,28 +7,10 @@
 
 namespace flash_dash {
 
-// exp2(x) for x <= ~0 on the FMA pipe instead of the MUFU: x = j + f, j = round(x), f in [-0.5, 0.5];
-// 2^f by a degree-4 polynomial (fitted to the relative error, max 2.7e-6 in fp32 Horner), 2^j by
-// building the exponent bits. x <= -127 (and -inf, NaN) give exactly 0, like ex2.approx.ftz below
-// 2^-126. Deterministic, but not bitwise equal to ex2.approx.
-CUTE_DEVICE float exp2_fma(float x) {
-    x = fmaxf(x, -127.f);
-    // 1.5 * 2^23 + 127: the sum's low 9 mantissa bits are round(x) + 127 (in [0, 127]).
-    float const t = __fadd_rn(x, 12583039.f);
-    float const j = __fsub_rn(t, 12583039.f);
-    float const f = __fsub_rn(x, j);
-    float p = 0.00957007147371769f;
-    p = fmaf(p, f, 0.05591777339577675f);
-    p = fmaf(p, f, 0.240247443318367f);
-    p = fmaf(p, f, 0.6931218504905701f);
-    p = fmaf(p, f, 0.9999992847442627f);
-    return p * __uint_as_float(__float_as_uint(t) << 23);  // 2^round(x); 0 when round(x) = -127
-}
-
 // kNRows: accumulator rows owned by one thread (2 for a 64-row warpgroup tile).
-// kEmuPer8: of every 8 columns a thread owns, how many take exp2_fma instead of the MUFU ex2
-// (balances the MUFU against the FMA pipe when the head dim is small); 0 = all MUFU.
-template <int kNRows, int kEmuPer8 = 0>
+// Every exponential goes to the MUFU (ex2.approx): taking 1 or 2 of every 8 on the FMA pipe with a
+// polynomial measured 4-11% slower at both head dims (2026-11-30-session6-fwd-variants.txt, call 5).
+template <int kNRows>
 struct OnlineSoftmax {
     float row_max[kNRows];  // raw (unscaled) running max of S, -inf if the row has seen no key
     float row_sum[kNRows];  // thread-partial running sum (quad-reduced only at the end)
@@ -64,12 +46,7 @@ struct OnlineSoftmax {
             CUTLASS_PRAGMA_UNROLL
             for (int c = 0; c < size<1>(s); ++c) {
                 float const x = fmaf(s(r, c), scale_log2, -m_scaled);
-                float p;
-                if (c % 8 < kEmuPer8) {  // c is a constant after unrolling
-                    p = exp2_fma(x);
-                } else {
-                    p = exp2f(x);
-                }
+                float const p = exp2f(x);
                 s(r, c) = p;
                 sum += p;
             }
