@@ -24,6 +24,10 @@ struct FwdEpilogueSm90 {
     static constexpr int kPartThreads = kNumMmaThreads / Traits::kOParts;
     CUTE_DEVICE static int part_of(int tid) { return Traits::kOParts == 1 ? 0 : tid / kPartThreads; }
     CUTE_DEVICE static int thread_in_part(int tid) { return Traits::kOParts == 1 ? tid : tid % kPartThreads; }
+    // Whether rows [row, row + n) meet [0, seqlen_q) (rows < 0 exist only with Traits::kRowOffset).
+    CUTE_DEVICE static bool in_rows(Params const& p, int row, int n = 1) {
+        return row < p.seqlen_q && (!Traits::kRowOffset || row + n > 0);
+    }
 
     // rO: normalised O fragment of the PV TiledMMA, already in the output type; lse: per owned row
     // (natural log). Rows >= seqlen_q are not written (lse: predicate; O: the TMA store clips the box).
@@ -43,8 +47,8 @@ struct FwdEpilogueSm90 {
             float* lse_ptr = p.lse + (int64_t(tile.batch) * p.num_heads + tile.head) * int64_t(p.seqlen_q);
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kNRows; ++r) {
-                int const row = tile.m_block * kBlockM + int(get<0>(tOcO_rc(r, 0)));
-                if (row < p.seqlen_q) { lse_ptr[row] = lse[r]; }
+                int const row = Traits::first_row(p, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
+                if (in_rows(p, row)) { lse_ptr[row] = lse[r]; }
             }
         }
 
@@ -55,8 +59,8 @@ struct FwdEpilogueSm90 {
             Element* base = p.o_ptr + int64_t(tile.batch) * p.o_batch_stride + int64_t(tile.head) * p.o_head_stride;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kNRows; ++r) {
-                int const row = tile.m_block * kBlockM + int(get<0>(tOcO_rc(r, 0)));
-                if (row < p.seqlen_q) {
+                int const row = Traits::first_row(p, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
+                if (in_rows(p, row)) {
                     Element* dst_row = base + int64_t(row) * p.o_row_stride;
                     CUTLASS_PRAGMA_UNROLL
                     for (int c = 0; c < size<1>(rO_rc); c += 2) {
@@ -91,10 +95,12 @@ struct FwdEpilogueSm90 {
             cutlass::arch::fence_view_async_shared();
             named_barrier_sync(kPartThreads, ready_id);
 
-            // A block wholly past seqlen_q (only possible with several parts) is not stored.
-            if (t == 0 && (kParts == 1 || tile.m_block * kBlockM + part * Traits::kORows < p.seqlen_q)) {
+            // A block wholly outside [0, seqlen_q) (only possible with several parts) is not stored.
+            if (t == 0 && (kParts == 1 || in_rows(p, Traits::first_row(p, tile.m_block) + part * Traits::kORows,
+                                                  Traits::kORows))) {
                 Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
-                Tensor gO = local_tile(mO(_, _, tile.head, tile.batch), Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
+                Tensor gO = local_tile(Traits::rows_from_first_block(p, mO(_, _, tile.head, tile.batch)),
+                                       Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
                                        make_coord(tile.m_block * kParts + part, _0{}));
                 auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                                   group_modes<0, 2>(gO));

@@ -34,6 +34,8 @@ namespace flash_dash {
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
 //   FLASH_DASH_FWD_WG_EPILOGUE=0|1         (default 1) one O store per consumer WG, or one whole-tile store
+//   FLASH_DASH_FWD_CAUSAL_ROW_OFFSET=1     causal: the partial m-block (seqlen_q % BLOCK_M rows) comes
+//                                          first, where it sees the fewest keys (Params::m_offset)
 // ---------------------------------------------------------------------------------------------
 // Defaults measured on the H200 (benchmarks/results/NOTES.md, 2026-11-30): hdim 64 takes 192-row tiles
 // (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop);
@@ -147,7 +149,9 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
         int64_t(p.o_stride.row),
         int64_t(p.o_stride.head),
         int64_t(p.o_stride.batch),
+        0,
     };
+    if (Traits::kRowOffset && p.is_causal) { kp.m_offset = kp.num_m_blocks * Traits::kBlockM - p.seqlen_q; }
 
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int num_sms = p.num_sms;

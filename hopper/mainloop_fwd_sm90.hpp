@@ -73,7 +73,7 @@ struct FwdMainloopSm90 {
     CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
         int n = (p.seqlen_k + kBlockN - 1) / kBlockN;
         if (p.is_causal) {
-            int const m_end = min(p.seqlen_q, (m_block + 1) * kBlockM);
+            int const m_end = min(p.seqlen_q, Traits::first_row(p, m_block + 1));
             int const col_end = m_end + p.seqlen_k - p.seqlen_q;  // exclusive
             n = min(n, col_end <= 0 ? 0 : (col_end + kBlockN - 1) / kBlockN);
         }
@@ -106,8 +106,8 @@ struct FwdMainloopSm90 {
             if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading
             int const head_k = tile.head / p.head_ratio;
 
-            Tensor gQ = local_tile(mQ(_, _, tile.head, tile.batch), Shape<Int<kBlockM>, Int<kHeadDim>>{},
-                                   make_coord(tile.m_block, _0{}));
+            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
             Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                                    make_coord(_, _0{}));  // (N, d, n_blocks)
             Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
@@ -233,7 +233,7 @@ struct FwdMainloopSm90 {
                 tile_done(tile, inv_sum, lse);
                 continue;
             }
-            int const row0 = tile.m_block * kBlockM;
+            int const row0 = Traits::first_row(p, tile.m_block);
             // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer the
             // producer only then loads the next tile's Q (+1-3% at 2k, session 6 variants).
             auto release_q_after = [&](int n) {
