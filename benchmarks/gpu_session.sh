@@ -68,10 +68,15 @@ if has profile; then  # per-kernel backward time (preprocess / main / postproces
   pack
 fi
 if has ncu-fwd; then  # Nsight Compute: our forward and cuDNN's, one launch each (NCU_FWD_ARGS: shape)
+  # The report keeps the warp-stall samples per SASS instruction (SourceCounters; the kernels carry -lineinfo):
+  # the details page goes to ncu-fwd.txt, the per-instruction table to ncu-fwd-sass.csv.gz.
   timeout 240 ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \
-    --section SchedulerStats --section ComputeWorkloadAnalysis python3 benchmarks/ncu_fwd.py ${NCU_FWD_ARGS:---hdim 128 --seqlen 2k} \
-    > "$LOG/ncu-fwd.txt" 2>&1
+    --section SchedulerStats --section ComputeWorkloadAnalysis --section SourceCounters -f -o "$LOG/ncu-fwd" \
+    python3 benchmarks/ncu_fwd.py ${NCU_FWD_ARGS:---hdim 128 --seqlen 2k} > "$LOG/ncu-fwd-run.txt" 2>&1
   summary+=("ncu-fwd rc $?")
+  ncu -i "$LOG/ncu-fwd.ncu-rep" --page details > "$LOG/ncu-fwd.txt" 2>&1
+  ncu -i "$LOG/ncu-fwd.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$LOG/ncu-fwd-sass.csv.gz"
+  rm -f "$LOG/ncu-fwd.ncu-rep"
   pack
 fi
 has bench && bench bench-quick 300 --quick
