@@ -93,7 +93,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         ClusterTxBar::init(&ss.barrier_kv, 1);
         ClusterBar::init(&ss.barrier_kv_empty, NumMmaThreads);
         if constexpr (Policy::kDynamic) { Ring::init(ss.tile_ring); }
-        Handoff::init(ss.dq_handoff);
     }
 
     typename PipelineQ::Params pq;
@@ -179,7 +178,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         } else if (warp_in_wg == 1) {
             // ---------------- dQ store warp ----------------
             constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
-            int dq_iter = 0;  // steps of this CTA (the MMA warpgroups count the same)
             int read = 0;
             for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles; t = next_read(t, read++)) {
                 TileCtx const c = Policy::make_ctx(sched, t);
@@ -211,13 +209,13 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     __syncwarp();
                     auto add_slice = [&](int slice) {
                         float* dst = gacc + slice * Traits::kdQSliceFloats;
-                        float const* src = Handoff::slice(ss.smem_dqacc, dq_iter, slice);
+                        float const* src = Handoff::slice(ss.smem_dqacc, slice);
                         if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
                         else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
                     };
-                    Handoff::store_wait(ss.dq_handoff, dq_iter, 0);
+                    Handoff::store_wait(0);
                     if (lane == 0) { add_slice(0); }
-                    Handoff::store_wait(ss.dq_handoff, dq_iter, 1);
+                    Handoff::store_wait(1);
                     if (lane == 0) {
                         timeline.ready();
                         add_slice(1);
@@ -238,8 +236,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                         timeline.done(int(blockIdx.x), step);
                     }
                     __syncwarp();
-                    Handoff::store_end(ss.dq_handoff, dq_iter, lane);
-                    ++dq_iter;
                 }
             }
             if (lane == 0) { bulk_wait_group_0(); }
@@ -282,7 +278,6 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
         int kv_iter = 0;
         int ds_stage = 0;
         int const off = sched.seqlen_k - sched.seqlen_q;
-        int dq_iter = 0;  // steps of this CTA (the store warp counts the same)
         int const t_in_wg = tid % 128;
 
         int read = 0;
@@ -349,16 +344,15 @@ __global__ void __launch_bounds__(384, 1) bwd_kernel_sm90(CUTE_GRID_CONSTANT Bwd
                     warpgroup_wait<1>();  // dV and dQ retired
                     pipeline_do.consumer_release(pipe_read);
                     // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
-                    float* const sdq = Handoff::slice(ss.smem_dqacc, dq_iter, wg);
-                    Handoff::mma_acquire(ss.dq_handoff, dq_iter, wg);
+                    float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
+                    Handoff::mma_acquire(wg);
                     CUTLASS_PRAGMA_UNROLL
                     for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
                         float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
                         *reinterpret_cast<float4*>(&sdq[j * 512 + t_in_wg * 4]) = v;
                     }
                     cutlass::arch::fence_view_async_shared();
-                    Handoff::mma_commit(ss.dq_handoff, dq_iter, wg);
-                    ++dq_iter;
+                    Handoff::mma_commit(wg);
                     warpgroup_wait<0>();
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;

@@ -23,12 +23,6 @@ namespace bwd {
 
 using namespace cute;
 
-// Variant knob: dQ shared-memory buffers between the MMA warpgroups and the dQ-store warp (1 or 2;
-// dq_handoff.hpp).
-#ifndef FLASH_DASH_BWD_DQ_STAGES
-#define FLASH_DASH_BWD_DQ_STAGES 1
-#endif
-
 // Tile shapes (contract with the Python model): hdim <= 64: 128x128, hdim <= 128: 64x128.
 // S and dP are computed transposed (SdP_swapAB: S^T = K Q^T, WGs split the K/V rows), so P^T and
 // dS^T are already the register A operands of dV += P^T dO and dK += dS^T Q (RS wgmma).
@@ -70,8 +64,7 @@ struct BwdTraits {
     static constexpr int kdQFragSize = kBlockM * kHeadDim / NumMmaThreads;  // fp32 per thread
     static_assert(kdQFragSize % 4 == 0);
     static constexpr int kdQSliceFloats = kdQFragSize * 128;  // per WG
-    static constexpr int kdQStages = FLASH_DASH_BWD_DQ_STAGES;
-    using DqHandoffT = DqHandoff<kdQStages, NumMmaWG, kdQSliceFloats>;
+    using DqHandoffT = DqHandoff<NumMmaWG, kdQSliceFloats>;
 
     using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
@@ -93,7 +86,7 @@ struct BwdTraits {
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>> smem_q;
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdO>> smem_do;
         alignas(1024) cute::array_aligned<Element, cute::cosize_v<SmemLayoutdS>> smem_ds;
-        alignas(128) float smem_dqacc[kdQStages * NumMmaWG * kdQSliceFloats];
+        alignas(128) float smem_dqacc[NumMmaWG * kdQSliceFloats];
         alignas(128) float smem_lse[kStages * kBlockM];
         alignas(128) float smem_dpsum[kStages * kBlockM];
         alignas(16) typename PipelineQ::SharedStorage pipeline_q;
@@ -101,7 +94,6 @@ struct BwdTraits {
         alignas(8) uint64_t barrier_kv;
         alignas(8) uint64_t barrier_kv_empty;
         TileRingStorage tile_ring;
-        DqHandoffStorage<kdQStages> dq_handoff;  // last: one buffer adds nothing before it
     };
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(sizeof(SharedStorage) <= 232448, "smem");
