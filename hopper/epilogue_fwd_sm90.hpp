@@ -19,11 +19,8 @@ struct FwdEpilogueSm90 {
     using SharedStorage = typename Traits::SharedStorage;
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kHeadDim = Traits::kHeadDim;
-    static constexpr int kNumMmaThreads = Traits::kNumMmaThreads;
-    // Staged O is written and stored in Traits::kOParts row blocks, each by its own kPartThreads threads.
-    static constexpr int kPartThreads = kNumMmaThreads / Traits::kOParts;
-    CUTE_DEVICE static int part_of(int tid) { return Traits::kOParts == 1 ? 0 : tid / kPartThreads; }
-    CUTE_DEVICE static int thread_in_part(int tid) { return Traits::kOParts == 1 ? tid : tid % kPartThreads; }
+    // Staged O is written and stored in one row block per consumer WG, by that WG's threads.
+    static constexpr int kPartThreads = 128;
     // Whether rows [row, row + n) meet [0, seqlen_q) (rows < 0 exist only with Traits::kRowOffset).
     CUTE_DEVICE static bool in_rows(Params const& p, int row, int n = 1) {
         return row < p.seqlen_q && (!Traits::kRowOffset || row + n > 0);
@@ -73,19 +70,16 @@ struct FwdEpilogueSm90 {
                 }
             }
         } else {
-            // Block `part` of the O tile (the whole tile, or this WG's 64 rows): its threads wait until
-            // their previous TMA store has read the block, write it (stmatrix), fence the generic-proxy
-            // writes for the async proxy, and one of them stores it.
-            constexpr int kParts = Traits::kOParts;
-            int const part = part_of(tid);
-            int const t = thread_in_part(tid);
-            auto const free_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemFree)
-                                             : uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
-            auto const ready_id = kParts == 1 ? uint32_t(FwdNamedBarrier::kEpilogueSmemReady) : free_id;
+            // This WG's block (`part`) of the O tile: its threads wait until their previous TMA store has
+            // read the block, write it (stmatrix), fence the generic-proxy writes for the async proxy,
+            // and one of them stores it.
+            int const part = tid / kPartThreads;
+            int const t = tid % kPartThreads;
+            auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
             Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{})(_, _, part);
 
             if (t == 0) { tma_store_wait<0>(); }
-            named_barrier_sync(kPartThreads, free_id);
+            named_barrier_sync(kPartThreads, bar_id);
 
             auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaO{});
             auto smem_thr_copy_O = smem_copy_O.get_thread_slice(t);
@@ -93,15 +87,14 @@ struct FwdEpilogueSm90 {
             Tensor taccOsO = smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO));
             copy(smem_copy_O, taccOrO, taccOsO);
             cutlass::arch::fence_view_async_shared();
-            named_barrier_sync(kPartThreads, ready_id);
+            named_barrier_sync(kPartThreads, bar_id);
 
-            // A block wholly outside [0, seqlen_q) (only possible with several parts) is not stored.
-            if (t == 0 && (kParts == 1 || in_rows(p, Traits::first_row(p, tile.m_block) + part * Traits::kORows,
-                                                  Traits::kORows))) {
+            // A block wholly outside [0, seqlen_q) is not stored.
+            if (t == 0 && in_rows(p, Traits::first_row(p, tile.m_block) + part * Traits::kORows, Traits::kORows)) {
                 Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
                 Tensor gO = local_tile(Traits::rows_from_first_block(p, mO(_, _, tile.head, tile.batch)),
                                        Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
-                                       make_coord(tile.m_block * kParts + part, _0{}));
+                                       make_coord(tile.m_block * Traits::kOParts + part, _0{}));
                 auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                                   group_modes<0, 2>(gO));
                 copy(p.tma_o, tOsO, tOgO);
@@ -113,7 +106,7 @@ struct FwdEpilogueSm90 {
     // Before the CTA exits: the outstanding store must have read smem (the issuing thread of each part).
     CUTE_DEVICE static void finish(int tid) {
         if constexpr (Traits::kStagedO) {
-            if (thread_in_part(tid) == 0) { cute::tma_store_wait<0>(); }
+            if (tid % kPartThreads == 0) { cute::tma_store_wait<0>(); }
         }
     }
 };

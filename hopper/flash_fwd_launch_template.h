@@ -33,7 +33,6 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
-//   FLASH_DASH_FWD_WG_EPILOGUE=0|1         (default 1) one O store per consumer WG, or one whole-tile store
 //   FLASH_DASH_FWD_CAUSAL_ROW_OFFSET=1     causal: the partial m-block (seqlen_q % BLOCK_M rows) comes
 //                                          first, where it sees the fewest keys (Params::m_offset)
 // ---------------------------------------------------------------------------------------------

@@ -1,8 +1,6 @@
 // Compile-time configuration of the sm90 forward kernel: tile shapes, smem layouts, MMAs, TMA types.
 #pragma once
 
-#include <type_traits>
-
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
@@ -16,10 +14,6 @@
 // the last (see Params::m_offset); 0 (default): m-block i covers rows [i * kBlockM, (i + 1) * kBlockM).
 #ifndef FLASH_DASH_FWD_CAUSAL_ROW_OFFSET
 #define FLASH_DASH_FWD_CAUSAL_ROW_OFFSET 0
-#endif
-// 1 (default): each consumer WG stores its own O rows; 0: one whole-tile store.
-#ifndef FLASH_DASH_FWD_WG_EPILOGUE
-#define FLASH_DASH_FWD_WG_EPILOGUE 1
 #endif
 
 namespace flash_dash {
@@ -85,25 +79,21 @@ struct FwdKernelTraits {
         SmemLayoutKV{},
         cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
                           cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
-    // O staging in kOParts row blocks of kORows, each written, fenced and TMA-stored by its own
-    // threads: one (64, d) block per consumer WG, so a WG's epilogue never waits for the other WGs
-    // (they run a GEMM apart in the round robin), or one (kBlockM, d) block for all of them. Per WG
-    // measured +0.2-3% at hdim 64 (2026-11-30-session5-fwd-variants.txt) and, with the early Q
-    // release, +1-2% at hdim 128 2k-8k (2026-11-30-session6). TiledMmaO is the register layout of one
-    // block's rows: TiledMmaPV, or its one-WG slice.
-    static constexpr bool kWgEpilogue = FLASH_DASH_FWD_WG_EPILOGUE != 0;
-    static constexpr int kORows = kWgEpilogue ? 64 : kBlockM;  // rows per O TMA store
-    static constexpr int kOParts = kBlockM / kORows;
+    // O staging: one (64, d) block per consumer WG, written, fenced and TMA-stored by that WG's own
+    // threads, so a WG's epilogue never waits for the other WGs (they run a GEMM apart in the round
+    // robin). Against one whole-tile store: +0.2-3% at hdim 64 (2026-11-30-session5-fwd-variants.txt) and,
+    // with the early Q release, +1-2% at hdim 128 2k-8k (2026-11-30-session6-fwd-variants.txt).
+    // TiledMmaO is the register layout of one block's rows (one WG's slice of TiledMmaPV).
+    static constexpr int kORows = 64;  // rows per O TMA store
+    static constexpr int kOParts = kNumMmaWarpGroups;
     using SmemLayoutOStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>>{}));
     using SmemLayoutO = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>, cute::Int<kOParts>>{}));
-    using TiledMmaO = std::conditional_t<kWgEpilogue,
-        decltype(cute::make_tiled_mma(
-            cute::GMMA::rs_op_selector<Element, Element, float,
-                                       cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
-                                       cute::GMMA::Major::K, cute::GMMA::Major::MN>())),
-        TiledMmaPV>;
+    using TiledMmaO = decltype(cute::make_tiled_mma(
+        cute::GMMA::rs_op_selector<Element, Element, float,
+                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                   cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
     using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
     using PipelineKV = cutlass::PipelineTmaAsync<kStages>;

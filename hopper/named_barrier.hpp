@@ -5,12 +5,10 @@
 namespace flash_dash {
 
 enum class FwdNamedBarrier : uint32_t {
-    kEpilogueSmemFree = 0,   // consumer WGs: previous O TMA store has finished reading smem
-    kEpilogueSmemReady = 1,  // consumer WGs: O tile written to smem, one thread may issue the store
     kWarpSchedulerWG0 = 2,   // round robin: consumer WG c waits on kWarpSchedulerWG0 + c before issuing
     kWarpSchedulerWG1 = 3,   //   its GEMMs, then arrives on the next WG's barrier
     kWarpSchedulerWG2 = 4,   //   (third consumer WG, kBlockM = 192)
-    kEpilogueWG0 = 5,        // per-WG O stores (kWgEpilogue): consumer WG c's own epilogue barrier is
+    kEpilogueWG0 = 5,        // O stores: consumer WG c's own epilogue barrier is
     kEpilogueWG1 = 6,        //   kEpilogueWG0 + c (its O block is free, then written)
     kEpilogueWG2 = 7,
 };
