@@ -33,14 +33,16 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
 //                                          the warp changed its max (bitwise identical results)
 //   FLASH_DASH_FWD_TMA_HINTS=1             L2 hints: K/V loads EVICT_LAST, Q loads EVICT_FIRST
-//   FLASH_DASH_FWD_CAUSAL_ROW_OFFSET=1     causal: the partial m-block (seqlen_q % BLOCK_M rows) comes
-//                                          first, where it sees the fewest keys (Params::m_offset)
+//   FLASH_DASH_FWD_CAUSAL_ROW_OFFSET=0|1   (default 1) causal: the partial m-block (seqlen_q % BLOCK_M
+//                                          rows) comes first, where it sees the fewest keys (m_offset)
 // ---------------------------------------------------------------------------------------------
 // Defaults measured on the H200 (benchmarks/results/NOTES.md, 2026-11-30): hdim 64 takes 192-row tiles
 // (3 consumer warpgroups; +10-14% at 2k-8k); O rescales are skipped when no max moved (mainloop);
 // hdim 128 loads the next tile's Q a tile ahead (2 Q buffers, 224 KB smem): the step loop runs across
 // tiles, so a tile's first QK^T is issued with the previous tile's last PV and needs its Q by then
-// (with one buffer: hdim 128 full 2k-16k 621/656/676/665 vs 642/667/678/679 TFLOP/s, session 6).
+// (with one buffer: hdim 128 full 2k-16k 621/656/676/665 vs 642/667/678/679 TFLOP/s, session 6);
+// with 2 consumer WGs (hdim 128) a WG's softmax overlaps its own PV (Traits::kOverlapPvSoftmax,
+// session 7: full 2k-16k 640/673/689/696 vs 634/659/670/668).
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_BLOCK_M 192
 #endif
@@ -150,7 +152,12 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
         int64_t(p.o_stride.batch),
         0,
     };
-    if (Traits::kRowOffset && p.is_causal) { kp.m_offset = kp.num_m_blocks * Traits::kBlockM - p.seqlen_q; }
+    // A multiple of the O store's row block, so that no TMA store box starts at a negative row: the
+    // first H200 test of this option, with m_offset = 191 and so a box at row -63, died with an illegal
+    // instruction. Blocks of the first tile are now wholly below row 0 (skipped) or start at row >= 0.
+    if (Traits::kRowOffset && p.is_causal) {
+        kp.m_offset = (kp.num_m_blocks * Traits::kBlockM - p.seqlen_q) / Traits::kORows * Traits::kORows;
+    }
 
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int num_sms = p.num_sms;

@@ -10,10 +10,11 @@
 
 #include "utils.hpp"
 
-// 1: causal calls shift the m-blocks so the partial one (seqlen_q % kBlockM rows) is the first, not
-// the last (see Params::m_offset); 0 (default): m-block i covers rows [i * kBlockM, (i + 1) * kBlockM).
+// 1 (default): causal calls shift the m-blocks so the partial one (seqlen_q % kBlockM rows, rounded
+// to kORows) is the first, not the last (see Params::m_offset); 0: m-block i covers rows
+// [i * kBlockM, (i + 1) * kBlockM). Measured (session 7): hdim 64 causal 2k/4k +3-5%.
 #ifndef FLASH_DASH_FWD_CAUSAL_ROW_OFFSET
-#define FLASH_DASH_FWD_CAUSAL_ROW_OFFSET 0
+#define FLASH_DASH_FWD_CAUSAL_ROW_OFFSET 1
 #endif
 
 namespace flash_dash {
@@ -46,6 +47,10 @@ struct FwdKernelTraits {
     // their GEMMs (0, 1, [2,] 0, ...), so one WG's softmax overlaps the other WGs' tensor-core work.
     static constexpr bool kUseSchedulerBarrier = true;
     static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
+    // Intra-warpgroup overlap: a WG's softmax runs while its own PV GEMM is in flight (the mainloop
+    // pins the PV wait after the softmax). Measured (session 7): 2 consumer WGs (240 regs) +0-2% at
+    // hdim 128; 3 consumer WGs (160 regs, hdim 64) -5-12% (cause not profiled).
+    static constexpr bool kOverlapPvSoftmax = kNumMmaWarpGroups == 2;
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;
     // S = Q K^T: both operands K-major in smem (SS).
@@ -150,7 +155,8 @@ struct FwdKernelTraits {
         int64_t o_row_stride, o_head_stride, o_batch_stride;
         // m-block i covers rows [i * kBlockM - m_offset, ...) (kRowOffset builds; 0 otherwise). Causal
         // tiles cost in proportion to their last row, so a partial tile is cheapest as the first one:
-        // with 192-row tiles at seqlen 2k/4k a partial last tile is ~6% extra work.
+        // with 192-row tiles at seqlen 2k/4k a partial last tile is ~6% extra work. A multiple of
+        // kORows (the launch rounds it down), so O store blocks never straddle row 0.
         int m_offset;
     };
     static constexpr bool kRowOffset = FLASH_DASH_FWD_CAUSAL_ROW_OFFSET != 0;

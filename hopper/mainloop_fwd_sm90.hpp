@@ -179,21 +179,22 @@ struct FwdMainloopSm90 {
 
         int const offset = p.seqlen_k - p.seqlen_q;
         // Mask keys >= seqlen_k and, if causal, keys j > i + offset. Only blocks that straddle a
-        // boundary pay for it (the branch is warp-uniform).
+        // boundary need it; the steps pick a masking or a plain body before issuing their GEMMs.
+        auto needs_mask = [&](int row0, int n_block) {
+            int const col0 = n_block * kBlockN;
+            return col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
+        };
         auto apply_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
-            bool const need = col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
-            if (need) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < size<0>(tS_rc); ++r) {
+                int const row = row0 + get<0>(tScS_rc(r, 0));
+                int limit = p.seqlen_k;
+                if (p.is_causal) { limit = min(limit, row + offset + 1); }
+                limit -= col0;
                 CUTLASS_PRAGMA_UNROLL
-                for (int r = 0; r < size<0>(tS_rc); ++r) {
-                    int const row = row0 + get<0>(tScS_rc(r, 0));
-                    int limit = p.seqlen_k;
-                    if (p.is_causal) { limit = min(limit, row + offset + 1); }
-                    limit -= col0;
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int c = 0; c < size<1>(tS_rc); ++c) {
-                        if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
-                    }
+                for (int c = 0; c < size<1>(tS_rc); ++c) {
+                    if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
                 }
             }
         };
@@ -205,6 +206,20 @@ struct FwdMainloopSm90 {
         StateKV st_k, st_v;
         bool pv_pending = false;  // rP holds P of the previous block, not yet multiplied by its V
         FwdTile pv_tile{};        // the tile that block belongs to
+
+        // Whether O *= o_scale (the factor of the latest softmax) changes anything in this warp.
+        auto rescale_needed = [&]() {
+#if FLASH_DASH_FWD_RESCALE_SKIP
+            // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps the
+            // branch warp-uniform.
+            bool moved = false;
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
+            return __any_sync(0xffffffffu, moved) != 0;
+#else
+            return true;
+#endif
+        };
 
         // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
         // after the last tile).
@@ -234,14 +249,6 @@ struct FwdMainloopSm90 {
                 continue;
             }
             int const row0 = Traits::first_row(p, tile.m_block);
-            // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer the
-            // producer only then loads the next tile's Q (+1-3% at 2k, session 6 variants).
-            auto release_q_after = [&](int n) {
-                if (n == 0) {
-                    pipe_q.consumer_release(st_q);
-                    ++st_q;
-                }
-            };
             int n = n_max - 1;
             pipe_q.consumer_wait(st_q);
             if (!pv_pending) {  // the CTA's first block, or the first after a flush: S alone
@@ -254,20 +261,32 @@ struct FwdMainloopSm90 {
                 warpgroup_fence_operand(tSrS);
                 pipe_k.consumer_release(st_k);
                 ++st_k;
-                release_q_after(n);
+                if (n == 0) {
+                    pipe_q.consumer_release(st_q);
+                    ++st_q;
+                }
                 softmax.reset();
-                apply_mask(row0, n);
+                if (needs_mask(row0, n)) { apply_mask(row0, n); }
                 softmax.online(tS_rc, o_scale);  // O is zero: no rescale
                 convert_fragment(tSrS, rP);
                 pv_pending = true;
                 pv_tile = tile;
                 --n;
             }
-            // Every step below also has a pending PV; the branches on `first` do not touch wgmma
-            // operands between issue and wait (a conditional wgmma makes ptxas serialize them all).
-            CUTLASS_PRAGMA_NO_UNROLL
-            for (; n >= 0; --n) {
-                bool const first = n == n_max - 1;
+            // One step with a pending PV; `mask(n)` is applied to S before the softmax.
+            // kPin (Traits::kOverlapPvSoftmax): the body between issuing the GEMMs and waiting for the PV
+            // is branch-free, since ptxas ends the wgmma pipeline at any control-flow join in there (it
+            // put the PV wait before the softmax when the mask was a branch); the masking and the
+            // tile-start work are chosen outside that window. Without it the step keeps the order that
+            // measured best with 3 consumer WGs (session 7: +5-12% over the pinned order at hdim 64).
+            constexpr bool kPin = Traits::kOverlapPvSoftmax;
+            auto step = [&](auto const& mask, bool first) {
+                // On a tile's first step the pending PV is the previous tile's last: its row stats are final.
+                auto finalize_previous = [&]() {
+                    softmax.finalize(p.softmax_scale, inv_sum, lse);
+                    softmax.reset();
+                };
+                if (kPin && first) { finalize_previous(); }
                 pipe_k.consumer_wait(st_k);
                 pipe_v.consumer_wait(st_v);
                 scheduler_sync(wg);
@@ -277,36 +296,69 @@ struct FwdMainloopSm90 {
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
                 warpgroup_fence_operand(tSrS);
                 pipe_k.consumer_release(st_k);
-                ++st_k;
-                release_q_after(n);
-                if (first) {  // the pending PV is the previous tile's last
-                    softmax.finalize(p.softmax_scale, inv_sum, lse);
-                    softmax.reset();
+                // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
+                // the producer only then loads the next tile's Q (+1-3% at 2k, session 6 variants).
+                if constexpr (kPin) {  // a predicated arrive, not a branch
+                    ss.pipeline_q.empty_barrier_[st_q.index()].arrive(0, n == 0);
+                } else {
+                    ++st_k;
+                    if (n == 0) {
+                        pipe_q.consumer_release(st_q);
+                        ++st_q;
+                    }
+                    if (first) { finalize_previous(); }
                 }
-                apply_mask(row0, n);
+                mask(n);
                 softmax.online(tS_rc, o_scale);
-                warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+                if constexpr (kPin) {
+                    // The PV wait sits in both arms of a branch on the rescale vote: the basic-block
+                    // boundary keeps ptxas from hoisting it into the softmax (it schedules the wait as if
+                    // it were free, and the warp then idles through its own PV). A first step's o_scale
+                    // belongs to the new tile (whose O is still zero), not to the O its PV just finished.
+                    bool const moved = rescale_needed();
+                    if (moved && !first) {
+                        warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+                        rescale_rows(tO_rc, o_scale);
+                    } else {
+                        warpgroup_wait<0>();
+                    }
+                } else {
+                    warpgroup_wait<0>();
+                }
                 warpgroup_fence_operand(tOrO);
                 warpgroup_fence_operand(rP);
                 pipe_v.consumer_release(st_v);
-                ++st_v;
+                if constexpr (kPin) {
+                    ++st_k;
+                    ++st_v;
+                    if (n == 0) { ++st_q; }
+                } else {
+                    ++st_v;
+                }
                 if (first) {  // O of the previous tile is complete
                     tile_done(pv_tile, inv_sum, lse);
                     clear(tOrO);
-                } else {
-#if FLASH_DASH_FWD_RESCALE_SKIP
-                    // exp2(0) == 1 exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps
-                    // the branch warp-uniform.
-                    bool moved = false;
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
-                    if (__any_sync(0xffffffffu, moved)) { rescale_rows(tO_rc, o_scale); }
-#else
-                    rescale_rows(tO_rc, o_scale);
-#endif
+                } else if constexpr (!kPin) {
+                    if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
                 }
                 convert_fragment(tSrS, rP);
                 pv_tile = tile;
+            };
+            // What a step does to S before its softmax.
+            auto masked = [&](int n_block) { apply_mask(row0, n_block); };
+            auto unmasked = [](int) {};
+            auto masked_if_needed = [&](int n_block) {
+                if (needs_mask(row0, n_block)) { apply_mask(row0, n_block); }
+            };
+            if constexpr (kPin) {
+                // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk.
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0 && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0; --n) { step(unmasked, n == n_max - 1); }
+            } else {
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0; --n) { step(masked_if_needed, n == n_max - 1); }
             }
         }
         if (pv_pending) { flush(); }
