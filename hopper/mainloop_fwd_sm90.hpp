@@ -311,14 +311,14 @@ struct FwdMainloopSm90 {
                 mask(n);
                 softmax.online(tS_rc, o_scale);
                 if constexpr (kPin) {
-                    // The PV wait sits in both arms of a branch on the rescale vote: the basic-block
-                    // boundary keeps ptxas from hoisting it into the softmax (it schedules the wait as if
-                    // it were free, and the warp then idles through its own PV). A first step's o_scale
-                    // belongs to the new tile (whose O is still zero), not to the O its PV just finished.
-                    bool const moved = rescale_needed();
-                    if (moved && !first) {
+                    // The PV wait sits in both arms of a branch: the basic-block boundary keeps ptxas from
+                    // hoisting it into the softmax (it schedules the wait as if it were free, and the warp
+                    // then idles through its own PV). The condition must be warpgroup-uniform (wgmma.wait
+                    // is .aligned; a per-warp vote here failed synccheck). A first step's o_scale belongs
+                    // to the new tile (whose O is still zero), not to the O its PV just finished.
+                    if (!first) {
                         warpgroup_wait<0>();  // PV done: V stage and the P registers are free
-                        rescale_rows(tO_rc, o_scale);
+                        if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
                     } else {
                         warpgroup_wait<0>();
                     }
