@@ -18,9 +18,9 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 from benchmarks import common  # noqa: E402
 
 
-def fwd_calls(q, k, v, causal: bool, out=None, lse=None):
+def fwd_calls(q, k, v, causal: bool, out=None, lse=None, sm_margin: int = 0):
     """(ours, cudnn): one forward each on (b, s, h, d) inputs; ours writes into ``out`` / ``lse`` (made here when
-    None)."""
+    None) on a grid of at most (SM count - ``sm_margin``) CTAs."""
     import torch
     import torch.nn.functional as F
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -33,7 +33,7 @@ def fwd_calls(q, k, v, causal: bool, out=None, lse=None):
     qt, kt, vt = (x.transpose(1, 2) for x in (q, k, v))
 
     def ours():
-        torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, 0)
+        torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, sm_margin)
 
     def cudnn():
         with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
@@ -47,6 +47,7 @@ def main(argv=None) -> int:
     ap.add_argument("name", help="variant label for the table")
     ap.add_argument("--json", help="write the rows here")
     ap.add_argument("--seqlen", default="2k,4k,8k,16k", help="comma list (default 2k,4k,8k,16k)")
+    ap.add_argument("--sm-margin", type=int, default=0, help="SMs our forward leaves unused (default 0)")
     args = ap.parse_args(argv)
     common.require_cuda("fwd_variants.py")
     import torch
@@ -59,7 +60,7 @@ def main(argv=None) -> int:
                 out = torch.empty(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)  # one output for all sets
                 lse = torch.empty(b, h, s, device="cuda")
                 sets = [fwd_calls(*(torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-                                    for _ in range(3)), causal, out, lse) for _ in range(3)]
+                                    for _ in range(3)), causal, out, lse, args.sm_margin) for _ in range(3)]
 
                 def ours(i):
                     sets[i % 3][0]()
