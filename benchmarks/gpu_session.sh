@@ -3,7 +3,7 @@
 # (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize profile ncu-fwd bench (quick) bench-attn bench-block variants
+#   steps: build tests sanitize profile ncu-fwd fwd-overhead bench (quick) bench-attn bench-block variants
 #   (default: build tests sanitize bench variants)
 #
 # Variants: every folder .prebuilt/<name>/ holding `make kernels` objects and a flags.txt (what differs)
@@ -77,6 +77,13 @@ if has ncu-fwd; then  # Nsight Compute: our forward and cuDNN's, one launch each
   ncu -i "$LOG/ncu-fwd.ncu-rep" --page details > "$LOG/ncu-fwd.txt" 2>&1
   ncu -i "$LOG/ncu-fwd.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$LOG/ncu-fwd-sass.csv.gz"
   rm -f "$LOG/ncu-fwd.ncu-rep"
+  pack
+fi
+if has fwd-overhead; then  # per-tile forward overhead (time against keys per tile), ours and cuDNN, both head dims
+  for d in 128 64; do
+    timeout 120 python3 benchmarks/fwd_overhead.py --hdim $d --json "$LOG/fwd-overhead-$d.json" > "$LOG/fwd-overhead-$d.txt" 2>&1
+    summary+=("fwd-overhead hdim $d rc $?: $(grep -h 'overhead' "$LOG/fwd-overhead-$d.txt" | tr '\n' ';')")
+  done
   pack
 fi
 has bench && bench bench-quick 300 --quick

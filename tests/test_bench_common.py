@@ -477,7 +477,7 @@ def _run(args, env_extra=None):
                           timeout=120, env=env)
 
 
-@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py"])
+@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py", "fwd_overhead.py"])
 def test_cli_help(script):
     r = _run([os.path.join("benchmarks", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -492,10 +492,24 @@ def test_cli_dry_run_and_no_cuda():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the no-CUDA exit path is not reachable")
-    for script in ("bench_attn.py", "bench_block.py"):
-        r = _run([os.path.join("benchmarks", script), "--quick"])
+    for script, args in (("bench_attn.py", ["--quick"]), ("bench_block.py", ["--quick"]), ("fwd_overhead.py", [])):
+        r = _run([os.path.join("benchmarks", script)] + args)
         assert r.returncode == 2, (r.stdout, r.stderr)
         assert "no CUDA device" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_fwd_overhead_fit_recovers_a_line_and_rejects_degenerate_input():
+    from benchmarks import fwd_overhead as fo
+
+    xs = [4, 8, 16, 32, 64]
+    a, s = fo.fit_line(xs, [0.3 + 0.05 * x for x in xs])
+    assert math.isclose(a, 0.3, rel_tol=1e-9) and math.isclose(s, 0.05, rel_tol=1e-9)
+    with pytest.raises(ValueError, match="distinct"):
+        fo.fit_line([8, 8], [1.0, 2.0])
+    with pytest.raises(ValueError, match=">= 2 points"):
+        fo.fit_line([8], [1.0])
+    r = _run(["benchmarks/fwd_overhead.py", "--seqlen-k", "2k,2k"])
+    assert r.returncode == 2 and "two distinct" in r.stderr
 
 
 def test_readme_section_uses_only_the_named_run(tmp_path):
