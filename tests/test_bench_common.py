@@ -498,16 +498,19 @@ def test_cli_dry_run_and_no_cuda():
         assert "no CUDA device" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_fwd_overhead_fit_recovers_a_line_and_rejects_degenerate_input():
+def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
     from benchmarks import fwd_overhead as fo
 
-    xs = [4, 8, 16, 32, 64]
-    a, s = fo.fit_line(xs, [0.3 + 0.05 * x for x in xs])
-    assert math.isclose(a, 0.3, rel_tol=1e-9) and math.isclose(s, 0.05, rel_tol=1e-9)
-    with pytest.raises(ValueError, match="distinct"):
-        fo.fit_line([8, 8], [1.0, 2.0])
-    with pytest.raises(ValueError, match=">= 2 points"):
-        fo.fit_line([8], [1.0])
+    launch, tile, block = 0.004, 0.02, 0.011  # ms; overhead = tile / block steps
+    rows = [{"batch": b, "blocks": n, "ms": launch + b * (tile + n * block)} for b in (8, 4) for n in (4, 8, 16, 32, 64)]
+    fit = fo.fit_overhead(rows, "ms")
+    assert math.isclose(fit["launch_ms"], launch, rel_tol=1e-6)
+    assert math.isclose(fit["overhead_steps"], tile / block, rel_tol=1e-6)
+    assert fo.least_squares([(1, 0), (1, 1), (1, 2)], [1, 3, 5]) == pytest.approx([1, 2])
+    with pytest.raises(ValueError, match="do not determine"):  # one batch size: launch and tile terms collide
+        fo.fit_overhead([r for r in rows if r["batch"] == 8], "ms")
+    with pytest.raises(ValueError, match="one feature row per y"):
+        fo.least_squares([(1.0,)], [1.0, 2.0])
     r = _run(["benchmarks/fwd_overhead.py", "--seqlen-k", "2k,2k"])
     assert r.returncode == 2 and "two distinct" in r.stderr
 
