@@ -166,13 +166,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
         cudaGetDevice(&dev);
         cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev);
     }
-    int grid = std::max(1, std::min(num_sms, total_tiles));
-    if (!p.is_causal) {
-        // Equal tiles: the fewest CTAs that still finish in the same number of rounds (e.g. 2048 tiles
-        // on 132 SMs: 128 CTAs x 16, not 68 x 16 + 64 x 15). hdim 128 full 2k/4k +0.3/+0.6% (session 7).
-        int const rounds = (total_tiles + grid - 1) / grid;
-        grid = (total_tiles + rounds - 1) / rounds;
-    }
+    int const grid = FwdTileScheduler::grid_size(total_tiles, num_sms, /*equal_tiles=*/!p.is_causal);
 
     auto kernel = &flash_fwd_kernel_sm90<Traits>;
     constexpr int smem_bytes = Traits::kSmemBytes;

@@ -95,3 +95,35 @@ def test_causal_order_is_longest_first_within_head_groups(walk_binary, case):
     assert len(window) <= 2 * head_group * (1 + -(-grid // (head_group * num_m)))
     if head_group * num_m >= grid:
         assert len(window) <= 2 * head_group
+
+
+GRID_CPP = r"""
+#include <cstdio>
+#include "tile_scheduler_fwd.hpp"
+int main() {
+    int total, sms, equal;
+    while (std::scanf("%d %d %d", &total, &sms, &equal) == 3) {
+        std::printf("%d\n", flash_dash::FwdTileScheduler::grid_size(total, sms, equal != 0));
+    }
+    return 0;
+}
+"""
+
+
+def test_grid_size_keeps_the_rounds_with_the_fewest_ctas(tmp_path_factory):
+    exe = build_host_program(tmp_path_factory, "grid", GRID_CPP)
+    cases = [(t, sms, eq) for t in (1, 2, 5, 67, 131, 132, 133, 200, 264, 265, 2048, 2752, 2816, 3072)
+             for sms in (1, 2, 78, 114, 132) for eq in (0, 1)]
+    stdin = "".join(f"{t} {s} {e}\n" for t, s, e in cases)
+    grids = list(map(int, subprocess.run([str(exe)], input=stdin, capture_output=True, text=True,
+                                         check=True).stdout.split()))
+    assert len(grids) == len(cases)
+    for (total, sms, equal), grid in zip(cases, grids):
+        full = min(total, sms)
+        rounds = -(-total // full)
+        if not equal:
+            assert grid == full  # causal: one CTA per SM (up to the tile count)
+            continue
+        assert 1 <= grid <= full and -(-total // grid) == rounds  # never more rounds than one CTA per SM
+        assert grid == 1 or -(-total // (grid - 1)) > rounds  # and no CTA to spare
+    assert grids[cases.index((2048, 132, 1))] == 128  # hdim 128, 16k tokens: 16 rounds of 128
