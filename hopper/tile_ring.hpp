@@ -16,11 +16,6 @@ struct TileRingStorage {
     int tile[2];
 };
 
-// Use k (0, 1, 2, ...) of a two-slot mbarrier ring: its slot, and the phase its `full` barrier completes.
-// Waiting on a slot's `empty` barrier with phase ^ 1 passes at once on the slot's first use.
-__device__ __forceinline__ int ring2_slot(int k) { return k & 1; }
-__device__ __forceinline__ uint32_t ring2_phase(int k) { return uint32_t(k >> 1) & 1u; }
-
 // kConsumerThreads: every thread that reads the ring arrives on `empty` once per tile.
 template <int kConsumerThreads>
 struct TileRing {
@@ -36,8 +31,8 @@ struct TileRing {
     // Producer (one thread): claims the CTA's next tile, publishes it as publication number `k`
     // (0, 1, 2, ... per CTA) and returns it. `grid` tiles were handed out statically (one per CTA).
     static __device__ __forceinline__ int publish(TileRingStorage& r, int k, int* counter, int grid) {
-        int const slot = ring2_slot(k);
-        Bar::wait(&r.empty[slot], ring2_phase(k) ^ 1u);
+        int const slot = k & 1;
+        Bar::wait(&r.empty[slot], ((k >> 1) & 1) ^ 1);  // first use of a slot passes at once
         int const t = grid + atomicAdd(counter, 1);
         r.tile[slot] = t;
         Bar::arrive(&r.full[slot]);
@@ -46,8 +41,8 @@ struct TileRing {
 
     // Every consumer thread: reads publication number `k`.
     static __device__ __forceinline__ int consume(TileRingStorage& r, int k) {
-        int const slot = ring2_slot(k);
-        Bar::wait(&r.full[slot], ring2_phase(k));
+        int const slot = k & 1;
+        Bar::wait(&r.full[slot], (k >> 1) & 1);
         int const t = r.tile[slot];
         Bar::arrive(&r.empty[slot]);
         return t;
