@@ -65,28 +65,17 @@ def main(argv=None) -> int:
     if batch < 2:
         ap.error(f"--seqlen-q {args.seqlen_q}: needs at least 2 sequences in {common.TOKENS_PER_BATCH} tokens")
     common.require_cuda("fwd_overhead.py")
-    import torch
-
-    from benchmarks.fwd_variants import fwd_calls
+    from benchmarks.fwd_variants import time_fwd_pair
 
     h, d = common.HIDDEN // args.hdim, args.hdim
     rows = []
     for b in (batch, batch // 2):
         for sk in sks:
-            q_sets = [torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3)]
-            kv_sets = [[torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)]
-                       for _ in range(3)]
-            out = torch.empty_like(q_sets[0])
-            lse = torch.empty(b, h, sq, device="cuda")
-            sets = [fwd_calls(q, k, v, False, out, lse) for q, (k, v) in zip(q_sets, kv_sets)]
             row = {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "blocks": sk / BLOCK_KEYS}
             flops = common.attn_fwd_flops(b, h, sq, sk, d, False)
-            for label, which in (("ours", 0), ("cudnn", 1)):
-                ms = common.summarize_ms(common.time_cuda(lambda i: sets[i % 3][which](), iters=30, warmup=5))["ms"]
+            for label, ms in zip(("ours", "cudnn"), time_fwd_pair(b, sq, sk, h, d, False)):
                 row[f"{label}_ms"], row[label] = ms, common.tflops(flops, ms)
             rows.append(row)
-            del sets, q_sets, kv_sets
-            common.free_cuda()
 
     fits = {label: fit_overhead(rows, f"{label}_ms") for label in ("ours", "cudnn")}
     print(f"forward, hdim {d}, full mask, seqlen_q {common.seqlen_label(sq)}, h={h}: time against keys per tile")

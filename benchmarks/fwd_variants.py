@@ -42,6 +42,23 @@ def fwd_calls(q, k, v, causal: bool, out=None, lse=None, sm_margin: int = 0):
     return ours, cudnn
 
 
+def time_fwd_pair(b: int, sq: int, sk: int, h: int, d: int, causal: bool, sm_margin: int = 0) -> tuple:
+    """(ours ms, cuDNN ms): bf16 forwards on 3 rotating input sets of (b, sq|sk, h, d), median of 30 after 5
+    warm-ups (benchmarks/common.py), both implementations on the same inputs."""
+    import torch
+
+    out = torch.empty(b, sq, h, d, device="cuda", dtype=torch.bfloat16)  # one output for all sets
+    lse = torch.empty(b, h, sq, device="cuda")
+    sets = [fwd_calls(torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16),
+                      *(torch.randn(b, sk, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(2)),
+                      causal, out, lse, sm_margin) for _ in range(3)]
+    ms = tuple(common.summarize_ms(common.time_cuda(lambda i: sets[i % 3][which](), iters=30, warmup=5))["ms"]
+               for which in (0, 1))
+    del sets
+    common.free_cuda()
+    return ms
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("name", help="variant label for the table")
@@ -50,32 +67,16 @@ def main(argv=None) -> int:
     ap.add_argument("--sm-margin", type=int, default=0, help="SMs our forward leaves unused (default 0)")
     args = ap.parse_args(argv)
     common.require_cuda("fwd_variants.py")
-    import torch
 
     rows = []
     for hdim in (64, 128):
         for causal in (False, True):
             for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
                 b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // hdim
-                out = torch.empty(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)  # one output for all sets
-                lse = torch.empty(b, h, s, device="cuda")
-                sets = [fwd_calls(*(torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16)
-                                    for _ in range(3)), causal, out, lse, args.sm_margin) for _ in range(3)]
-
-                def ours(i):
-                    sets[i % 3][0]()
-
-                def cudnn(i):
-                    sets[i % 3][1]()
-
                 flops = common.attn_fwd_flops(b, h, s, s, hdim, causal)
-                row = {"variant": args.name, "hdim": hdim, "causal": causal, "seqlen": s}
-                for label, fn in (("ours", ours), ("cudnn", cudnn)):
-                    ms = common.summarize_ms(common.time_cuda(fn, iters=30, warmup=5))["ms"]
-                    row[label] = common.tflops(flops, ms)
-                rows.append(row)
-                del sets
-                common.free_cuda()
+                ms = time_fwd_pair(b, s, s, h, hdim, causal, args.sm_margin)
+                rows.append({"variant": args.name, "hdim": hdim, "causal": causal, "seqlen": s,
+                             "ours": common.tflops(flops, ms[0]), "cudnn": common.tflops(flops, ms[1])})
     print(f"forward TFLOP/s, variant {args.name}")
     print(common.text_table(["hdim", "mask", "seqlen", "ours", "cuDNN", "ours/cuDNN"],
                             [[r["hdim"], "causal" if r["causal"] else "full", common.seqlen_label(r["seqlen"]),
