@@ -144,9 +144,9 @@ struct FwdMainloopSm90 {
     // Consumer: walks the CTA's tiles (the scheduler's sequence) block by block, n = n_max-1 .. 0 per
     // tile. Every step issues S = Q K[n]^T of the current block together with O += P V of the block
     // before it (FA3's intra-warpgroup overlap; with Traits::kOverlapPvSoftmax the softmax of S runs
-    // while the PV wgmma is in flight), and the step does not stop at tile boundaries: a tile's first QK^T goes out with the previous
-    // tile's last PV, whose epilogue, tile_done(tile, inv_sum, lse), then runs while the other
-    // warpgroups use the tensor cores. tOrO (zero on entry) is cleared again after each tile_done.
+    // while the PV wgmma is in flight), and the step does not stop at tile boundaries: a tile's first
+    // QK^T goes out with the previous tile's last PV, whose epilogue, tile_done(tile, inv_sum, lse),
+    // then runs while the other warpgroups use the tensor cores. tOrO (zero on entry) is cleared again after each tile_done.
     // Tiles without a visible key (n_max == 0, causal with seqlen_q > seqlen_k) get tile_done with
     // O = 0, inv_sum = 0 and lse = -inf. Every consumer WG makes the same steps, so the round robin
     // sees one sync/arrive pair per step from each.
@@ -266,6 +266,7 @@ struct FwdMainloopSm90 {
                     ++st_q;
                 }
                 softmax.reset();
+                // (written out: defining masked_if_needed below before this block changed hdim 64's SASS)
                 if (needs_mask(row0, n)) { apply_mask(row0, n); }
                 softmax.online(tS_rc, o_scale);  // O is zero: no rescale
                 convert_fragment(tSrS, rP);
