@@ -24,7 +24,7 @@ def main():
                 lse = torch.empty(b, h, sq, device="cuda")
                 torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, margin)
                 torch.cuda.synchronize()
-                print(f"ok d={d} sq={sq} sk={sk} causal={causal} grid={sms - margin}")
+                print(f"ok d={d} sq={sq} sk={sk} causal={causal} grid<={sms - margin}")
 
 
 if __name__ == "__main__":
