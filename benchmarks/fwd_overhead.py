@@ -1,6 +1,7 @@
 """Forward per-tile overhead: time against keys per tile and batch at fixed query tiles, ours and SDPA cuDNN.
 
     python benchmarks/fwd_overhead.py [--hdim 128] [--seqlen-q 2k] [--seqlen-k 512,1k,2k,4k,8k] [--json OUT]
+                                      [--toggle NAME=V1,V2 --rounds 3]
 
 The query length is fixed, so a batch makes the same tiles for every implementation and only the keys each tile
 walks change; two batch sizes (16k tokens and half that) change the number of tiles per CTA. A forward then takes
@@ -56,6 +57,9 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen-q", default="2k", help="query length; batch = 16k tokens / it, and half (default 2k)")
     ap.add_argument("--seqlen-k", default="512,1k,2k,4k,8k", help="comma list of key lengths (default 512..8k)")
     ap.add_argument("--json", help="write the rows and fits here")
+    ap.add_argument("--toggle", metavar="NAME=V1,V2",
+                    help="fit ours once per value of the environment knob NAME (fwd_variants.py --toggle)")
+    ap.add_argument("--rounds", type=int, default=1, help="interleaved timing rounds per shape (default 1)")
     args = ap.parse_args(argv)
     sq = common.parse_seqlen(args.seqlen_q)
     sks = common.parse_list(args.seqlen_k.split(","), common.parse_seqlen)
@@ -64,8 +68,16 @@ def main(argv=None) -> int:
         ap.error("--seqlen-k needs at least two distinct lengths for the fit")
     if batch < 2:
         ap.error(f"--seqlen-q {args.seqlen_q}: needs at least 2 sequences in {common.TOKENS_PER_BATCH} tokens")
+    if args.rounds < 1:
+        ap.error(f"--rounds must be >= 1, got {args.rounds}")
+    from benchmarks.fwd_variants import parse_toggle, time_fwd_pair
+    try:
+        toggle = parse_toggle(args.toggle) if args.toggle else None
+    except argparse.ArgumentTypeError as e:
+        ap.error(str(e))
     common.require_cuda("fwd_overhead.py")
-    from benchmarks.fwd_variants import time_fwd_pair
+    labels = [f"ours {toggle[0]}={v}" for v in toggle[1]] if toggle else ["ours"]
+    labels.append("cudnn")
 
     h, d = common.HIDDEN // args.hdim, args.hdim
     rows = []
@@ -73,15 +85,15 @@ def main(argv=None) -> int:
         for sk in sks:
             row = {"batch": b, "seqlen_q": sq, "seqlen_k": sk, "blocks": sk / BLOCK_KEYS}
             flops = common.attn_fwd_flops(b, h, sq, sk, d, False)
-            for label, ms in zip(("ours", "cudnn"), time_fwd_pair(b, sq, sk, h, d, False)):
+            for label, ms in zip(labels, time_fwd_pair(b, sq, sk, h, d, False, toggle=toggle, rounds=args.rounds)):
                 row[f"{label}_ms"], row[label] = ms, common.tflops(flops, ms)
             rows.append(row)
 
-    fits = {label: fit_overhead(rows, f"{label}_ms") for label in ("ours", "cudnn")}
+    fits = {label: fit_overhead(rows, f"{label}_ms") for label in labels}
     print(f"forward, hdim {d}, full mask, seqlen_q {common.seqlen_label(sq)}, h={h}: time against keys per tile")
-    print(common.text_table(["batch", "seqlen_k", "ours ms", "cuDNN ms", "ours TFLOP/s", "cuDNN TFLOP/s"],
-                            [[r["batch"], common.seqlen_label(r["seqlen_k"]), f"{r['ours_ms']:.4f}",
-                              f"{r['cudnn_ms']:.4f}", f"{r['ours']:.0f}", f"{r['cudnn']:.0f}"] for r in rows]))
+    print(common.text_table(["batch", "seqlen_k", *(f"{x} ms" for x in labels), *(f"{x} TFLOP/s" for x in labels)],
+                            [[r["batch"], common.seqlen_label(r["seqlen_k"]), *(f"{r[x + '_ms']:.4f}" for x in labels),
+                              *(f"{r[x]:.0f}" for x in labels)] for r in rows]))
     for label, f in fits.items():
         print(f"{label:>5}: launch {1000 * f['launch_ms']:.1f} us + per sequence {1000 * f['tile_ms_per_batch']:.2f} us"
               f" + {1000 * f['block_ms_per_batch']:.3f} us per {BLOCK_KEYS}-key block"

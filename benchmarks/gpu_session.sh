@@ -8,7 +8,9 @@
 #
 # Variants: every folder .prebuilt/<name>/ holding `make kernels` objects and a flags.txt (what differs)
 # is linked in turn. Forward variants (fwd objects only, FLASH_DASH_PASSES=fwd) are probed with
-# benchmarks/fwd_variants.py and the bf16 forward tests; whole-build variants (bf16 fwd + bwd objects)
+# benchmarks/fwd_variants.py (arguments: $FWD_PROBE_ARGS, then the variant's probe_args.txt; the
+# installed build gets $FWD_PROBE_ARGS) and the bf16 forward tests; the fwd-overhead step takes
+# $FWD_OVERHEAD_ARGS; whole-build variants (bf16 fwd + bwd objects)
 # run benchmarks/bench_attn.py with the arguments in their bench_args.txt (compare with the bench-attn
 # step of the same call), or the shell command in their command.txt ($VARIANT_JSON names a log file
 # for it). Logs go to OUTDIR as tars (few files back).
@@ -81,7 +83,8 @@ if has ncu-fwd; then  # Nsight Compute: our forward and cuDNN's, one launch each
 fi
 if has fwd-overhead; then  # per-tile forward overhead (time against keys per tile), ours and cuDNN, both head dims
   for d in 128 64; do
-    timeout 120 python3 benchmarks/fwd_overhead.py --hdim $d --json "$LOG/fwd-overhead-$d.json" > "$LOG/fwd-overhead-$d.txt" 2>&1
+    # shellcheck disable=SC2086  # FWD_OVERHEAD_ARGS holds several arguments
+    timeout 120 python3 benchmarks/fwd_overhead.py --hdim $d ${FWD_OVERHEAD_ARGS:-} --json "$LOG/fwd-overhead-$d.json" > "$LOG/fwd-overhead-$d.txt" 2>&1
     summary+=("fwd-overhead hdim $d rc $?: $(grep -h 'overhead' "$LOG/fwd-overhead-$d.txt" | tr '\n' ';')")
   done
   pack
@@ -100,7 +103,8 @@ if has variants; then
   # Forward variants compare with the installed build: probe it first, once, if any is carried.
   for dir in .prebuilt/*/; do
     if [ "$(variant_kind "$dir")" = fwd ]; then
-      timeout 120 python3 benchmarks/fwd_variants.py installed --json "$LOG/fwd-installed.json" > "$LOG/probe-installed.txt" 2>&1
+      # shellcheck disable=SC2086  # FWD_PROBE_ARGS holds several arguments
+      timeout 120 python3 benchmarks/fwd_variants.py installed ${FWD_PROBE_ARGS:-} --json "$LOG/fwd-installed.json" > "$LOG/probe-installed.txt" 2>&1
       cat "$LOG/probe-installed.txt"
       break
     fi
@@ -135,7 +139,8 @@ if has variants; then
     build FLASH_DASH_PASSES=fwd FLASH_DASH_DTYPES=bf16 FLASH_DASH_PREBUILT_DIR="$dir" || { summary+=("$name: build failed"); continue; }
     timeout 120 python3 -m pytest -q -p no:cacheprovider -k dtype0 tests/test_fwd_gpu.py > "$LOG/fwd-$name.log" 2>&1
     summary+=("variant $name ($(cat "$dir/flags.txt")): tests $(tail -1 "$LOG/fwd-$name.log")")
-    timeout 120 python3 benchmarks/fwd_variants.py "$name" --json "$LOG/fwd-$name.json" > "$LOG/probe-$name.txt" 2>&1
+    # shellcheck disable=SC2046,SC2086  # several arguments
+    timeout 120 python3 benchmarks/fwd_variants.py "$name" ${FWD_PROBE_ARGS:-} $(cat "$dir/probe_args.txt" 2>/dev/null) --json "$LOG/fwd-$name.json" > "$LOG/probe-$name.txt" 2>&1
     cat "$LOG/probe-$name.txt"
     pack
   done

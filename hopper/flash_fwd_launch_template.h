@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
 #include <cuda_runtime.h>
 
 #include "flash_fwd_kernel_sm90.h"
@@ -108,6 +111,17 @@ struct FwdTileConfig {
     static_assert(kHeadDim <= 128, "tile knobs cover head dims up to 128");
 };
 
+// Whether the producer prefetches the next tile's start into L2 (Params::l2_prefetch_next): full masks
+// only, where the CTAs' tile boundaries line up (hdim 128 full 2k +1.7%, session 8). Causal tiles differ
+// in length, so the boundaries spread out, and the next tile (same heads, LPT order) mostly hits L2
+// already. FLASH_DASH_FWD_L2_PREFETCH=0|1 overrides it per call (A/B runs: benchmarks/fwd_variants.py).
+inline bool fwd_l2_prefetch_next(bool is_causal) {
+    char const* env = std::getenv("FLASH_DASH_FWD_L2_PREFETCH");
+    if (env == nullptr || env[0] == '\0') { return !is_causal; }
+    if ((env[0] == '0' || env[0] == '1') && env[1] == '\0') { return env[0] == '1'; }
+    throw std::invalid_argument(std::string("FLASH_DASH_FWD_L2_PREFETCH must be 0 or 1 (or unset), got '") + env + "'");
+}
+
 template <class Traits>
 void launch_fwd(FwdParams const& p, cudaStream_t stream) {
     using namespace cute;
@@ -151,6 +165,7 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream) {
         int64_t(p.o_stride.head),
         int64_t(p.o_stride.batch),
         0,
+        fwd_l2_prefetch_next(p.is_causal),
     };
     // A multiple of the O store's row block, so that no TMA store box starts at a negative row: the
     // first H200 test of this option, with m_offset = 191 and so a box at row -63, died with an illegal

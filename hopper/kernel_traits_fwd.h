@@ -158,6 +158,9 @@ struct FwdKernelTraits {
         // with 192-row tiles at seqlen 2k/4k a partial last tile is ~6% extra work. A multiple of
         // kORows (the launch rounds it down), so O store blocks never straddle row 0.
         int m_offset;
+        // The producer prefetches the next tile's Q and first two K/V blocks into L2 a tile ahead (see
+        // FwdMainloopSm90::load).
+        bool l2_prefetch_next;
     };
     static constexpr bool kRowOffset = FLASH_DASH_FWD_CAUSAL_ROW_OFFSET != 0;
     // First query row of m-block m (negative for the first block of a shifted causal call).

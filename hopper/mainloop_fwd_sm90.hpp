@@ -100,6 +100,36 @@ struct FwdMainloopSm90 {
         StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
         StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
 
+        // With p.l2_prefetch_next, once a tile's first K and V went out: the next tile's Q and first two
+        // K/V blocks into L2 (no smem: the stages are full). With equal tiles (full masks) the CTAs cross
+        // tile boundaries in lockstep, so without it every CTA asks DRAM for a new Q (and the heads of the
+        // next round their K/V) within the ~2 blocks its loads run ahead.
+        auto prefetch_next_tile = [&](int t) {
+            for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
+                FwdTile const next = sched.decode(t);
+                int const n_max = n_block_max(p, next.m_block);
+                if (n_max <= 0) { continue; }
+                int const head_k = next.head / p.head_ratio;
+                Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, next.head, next.batch)),
+                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(next.m_block, _0{}));
+                Tensor gK = local_tile(mK(_, _, head_k, next.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                       make_coord(_, _0{}));
+                Tensor gV = local_tile(mV(_, _, head_k, next.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                       make_coord(_, _0{}));
+                cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                                             group_modes<0, 2>(gQ))));
+                Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                                 group_modes<0, 2>(gK)));
+                Tensor pV = get<0>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                                 group_modes<0, 2>(gV)));
+                for (int n = n_max - 1; n >= 0 && n >= n_max - 2; --n) {
+                    cute::prefetch(p.tma_k, pK(_, n));
+                    cute::prefetch(p.tma_v, pV(_, n));
+                }
+                return;
+            }
+        };
+
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             int const n_max = n_block_max(p, tile.m_block);
@@ -137,6 +167,7 @@ struct FwdMainloopSm90 {
                 pipe_v.producer_acquire(st_v);
                 copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
                 ++st_v;
+                if (p.l2_prefetch_next && n == n_max - 1) { prefetch_next_tile(t); }
             }
         }
     }

@@ -515,6 +515,32 @@ def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
     assert r.returncode == 2 and "two distinct" in r.stderr
 
 
+def test_fwd_variants_toggle_parsing_and_env_restore(monkeypatch):
+    import argparse
+
+    from benchmarks import fwd_variants as fv
+
+    assert fv.parse_toggle("FLASH_DASH_FWD_L2_PREFETCH=0,1") == ("FLASH_DASH_FWD_L2_PREFETCH", ["0", "1"])
+    for bad in ("X=1", "X", "=0,1", "X=,"):
+        with pytest.raises(argparse.ArgumentTypeError, match="NAME=V1,V2"):
+            fv.parse_toggle(bad)
+    monkeypatch.setenv("FDASH_TEST_KNOB", "keep")
+    with fv.env_set("FDASH_TEST_KNOB", "1"):
+        assert os.environ["FDASH_TEST_KNOB"] == "1"
+    assert os.environ["FDASH_TEST_KNOB"] == "keep"
+    monkeypatch.delenv("FDASH_TEST_KNOB")
+    with pytest.raises(RuntimeError):
+        with fv.env_set("FDASH_TEST_KNOB", "0"):
+            raise RuntimeError("restored on the way out")
+    assert "FDASH_TEST_KNOB" not in os.environ
+    with fv.env_set(None, "ignored"):
+        assert "FDASH_TEST_KNOB" not in os.environ
+    for script in ("fwd_variants.py", "fwd_overhead.py"):
+        r = _run([os.path.join("benchmarks", script), *(["x"] if script == "fwd_variants.py" else []),
+                  "--toggle", "X=1"])
+        assert r.returncode == 2 and "two or more values" in r.stderr, (script, r.stderr)
+
+
 def test_readme_section_uses_only_the_named_run(tmp_path):
     from pathlib import Path
 
