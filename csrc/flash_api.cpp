@@ -136,7 +136,11 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
     const auto& entry = find_entry(kFwd, p.head_dim, q.scalar_type(), "forward");
-    entry.run(p, c10::cuda::getCurrentCUDAStream());
+    try {  // the launch refuses a bad FLASH_DASH_FWD_L2_PREFETCH before launching
+        entry.run(p, c10::cuda::getCurrentCUDAStream());
+    } catch (const std::invalid_argument& e) {
+        TORCH_CHECK_VALUE(false, e.what());
+    }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 

@@ -151,3 +151,26 @@ def test_fwd_bitwise_repeatable(causal, d):
     for _ in range(100):
         out, lse = _run_fwd(q, k, v, scale, causal)
         assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,sk", [(1024, 1024), (799, 3)])
+def test_fwd_l2_prefetch_knob(sq, sk, causal, d, monkeypatch):
+    """The producer's L2 prefetch of the next tile (FLASH_DASH_FWD_L2_PREFETCH=0|1, default: full masks) only
+    warms the cache: with 3 CTAs (many tiles each, and causal (799, 3) tiles without keys to skip) both
+    settings pass the reference check and give the default's bits. A bad value is refused before a launch."""
+    q, k, v = _inputs(3, sq, sk, 6, 2, d, torch.bfloat16)
+    margin = torch.cuda.get_device_properties(q.device).multi_processor_count - 3
+    scale = d**-0.5
+    monkeypatch.delenv("FLASH_DASH_FWD_L2_PREFETCH", raising=False)
+    out0, lse0 = _run_fwd(q, k, v, scale, causal, sm_margin=margin)
+    for value in ("0", "1"):
+        monkeypatch.setenv("FLASH_DASH_FWD_L2_PREFETCH", value)
+        out, lse = _run_fwd(q, k, v, scale, causal, sm_margin=margin)
+        _check(q, k, v, out, lse, scale, causal)
+        assert torch.equal(out, out0) and torch.equal(lse, lse0), f"FLASH_DASH_FWD_L2_PREFETCH={value} changed bits"
+    monkeypatch.setenv("FLASH_DASH_FWD_L2_PREFETCH", "yes")
+    with pytest.raises(ValueError, match="FLASH_DASH_FWD_L2_PREFETCH must be 0 or 1"):
+        _run_fwd(q, k, v, scale, causal)
+    torch.cuda.synchronize()
