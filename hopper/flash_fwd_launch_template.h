@@ -29,8 +29,11 @@ namespace flash_dash {
 //   FLASH_DASH_FWD_HDIM{64,128}_BLOCK_N    keys per K/V block; not a base GMMA N (64/96/128/192/256)
 //                                          -> the instantiation TU turns on the extended shapes
 //   FLASH_DASH_FWD_HDIM{64,128}_STAGES     K/V smem stages
-//   FLASH_DASH_FWD_HDIM{64,128}_Q_STAGES   1 or 2 (2: next tile's Q prefetched during this tile)
-//   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES}
+//   FLASH_DASH_FWD_HDIM{64,128}_Q_STAGES   1 or 2 (2: next tile's Q loaded a tile ahead)
+//   FLASH_DASH_FWD_HDIM{64,128}_VOTE_EARLY 0 or 1: Traits::kRescaleVoteEarly (2 consumer WGs only)
+//   FLASH_DASH_FWD_HDIM{64,128}_L2_PREFETCH 0 or 1: Traits::kL2Prefetch, the producer's L2 prefetch of the
+//                                          next tile (on by default for full masks only, at launch)
+//   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES,VOTE_EARLY}
 //                                          the same for causal calls (default: the non-causal value;
 //                                          a different value instantiates a second kernel)
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
@@ -45,7 +48,8 @@ namespace flash_dash {
 // tiles, so a tile's first QK^T is issued with the previous tile's last PV and needs its Q by then
 // (with one buffer: hdim 128 full 2k-16k 621/656/676/665 vs 642/667/678/679 TFLOP/s, session 6);
 // with 2 consumer WGs (hdim 128) a WG's softmax overlaps its own PV (Traits::kOverlapPvSoftmax,
-// session 7: full 2k-16k 640/673/689/696 vs 634/659/670/668).
+// session 7: full 2k-16k 640/673/689/696 vs 634/659/670/668); hdim 128 full masks vote on the O
+// rescale before the PV wait, causal ones after it (kRescaleVoteEarly; session 8).
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_BLOCK_M 192
 #endif
@@ -69,6 +73,24 @@ namespace flash_dash {
 #endif
 #ifndef FLASH_DASH_FWD_HDIM128_Q_STAGES
 #define FLASH_DASH_FWD_HDIM128_Q_STAGES 2
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_L2_PREFETCH
+#define FLASH_DASH_FWD_HDIM64_L2_PREFETCH 0
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_L2_PREFETCH
+#define FLASH_DASH_FWD_HDIM128_L2_PREFETCH 1
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_VOTE_EARLY
+#define FLASH_DASH_FWD_HDIM64_VOTE_EARLY 0
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_VOTE_EARLY
+#define FLASH_DASH_FWD_HDIM128_VOTE_EARLY 1
+#endif
+#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY
+#define FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY 0
+#endif
+#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY
+#define FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY 0
 #endif
 #ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M FLASH_DASH_FWD_HDIM64_BLOCK_M
@@ -108,13 +130,18 @@ struct FwdTileConfig {
                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM128_STAGES);
     static constexpr int kQStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM64_Q_STAGES)
                                         : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM128_Q_STAGES);
+    static constexpr bool kVoteEarly = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY : FLASH_DASH_FWD_HDIM64_VOTE_EARLY)
+                                           : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY : FLASH_DASH_FWD_HDIM128_VOTE_EARLY);
+    static constexpr bool kL2Prefetch = k64 ? FLASH_DASH_FWD_HDIM64_L2_PREFETCH : FLASH_DASH_FWD_HDIM128_L2_PREFETCH;
     static_assert(kHeadDim <= 128, "tile knobs cover head dims up to 128");
 };
 
-// Whether the producer prefetches the next tile's start into L2 (Params::l2_prefetch_next): full masks
-// only, where the CTAs' tile boundaries line up (hdim 128 full 2k +1.7%, session 8). Causal tiles differ
-// in length, so the boundaries spread out, and the next tile (same heads, LPT order) mostly hits L2
-// already. FLASH_DASH_FWD_L2_PREFETCH=0|1 overrides it per call (A/B runs: benchmarks/fwd_variants.py).
+// Whether a kL2Prefetch kernel's producer prefetches the next tile's start into L2 (Params::l2_prefetch_next):
+// full masks only, where the CTAs' tile boundaries line up (session 8, hdim 128 full: per-tile overhead 1.50
+// -> 1.11 block steps, 2k +1.4%). Causal tiles differ in length, so the boundaries spread out, and the next
+// tile (same heads, LPT order) mostly hits L2 already (hdim 128 causal 2k-16k -0.3..-1.8% with it). Only
+// hdim 128 carries it: adding the producer code moved hdim 64's consumer SASS (-1-2% at 8k/16k).
+// FLASH_DASH_FWD_L2_PREFETCH=0|1 overrides the mask rule per call (A/B runs: benchmarks/fwd_variants.py).
 inline bool fwd_l2_prefetch_next(bool is_causal) {
     char const* env = std::getenv("FLASH_DASH_FWD_L2_PREFETCH");
     if (env == nullptr || env[0] == '\0') { return !is_causal; }
@@ -195,8 +222,10 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
     using Element = typename ElementOf<Tag>::type;
     using CfgF = FwdTileConfig<kHeadDim, false>;
     using CfgC = FwdTileConfig<kHeadDim, true>;
-    using TraitsF = FwdKernelTraits<kHeadDim, CfgF::kBlockM, CfgF::kBlockN, CfgF::kStages, Element, CfgF::kQStages>;
-    using TraitsC = FwdKernelTraits<kHeadDim, CfgC::kBlockM, CfgC::kBlockN, CfgC::kStages, Element, CfgC::kQStages>;
+    using TraitsF = FwdKernelTraits<kHeadDim, CfgF::kBlockM, CfgF::kBlockN, CfgF::kStages, Element, CfgF::kQStages,
+                                    CfgF::kVoteEarly, CfgF::kL2Prefetch>;
+    using TraitsC = FwdKernelTraits<kHeadDim, CfgC::kBlockM, CfgC::kBlockN, CfgC::kStages, Element, CfgC::kQStages,
+                                    CfgC::kVoteEarly, CfgC::kL2Prefetch>;
 
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
     // Identical configurations are one instantiation (same Traits type).

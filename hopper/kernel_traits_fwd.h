@@ -20,9 +20,11 @@
 namespace flash_dash {
 
 // kQStages: Q smem buffers. 1 = the producer loads the next tile's Q only after the consumers
-// released the current one; 2 = the next Q (and so the next tile's first K/V) is loaded while the
-// current tile still runs.
-template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, int kQStages_ = 1>
+// released the current one; 2 = the next Q is loaded a tile ahead, while the current tile runs.
+// kRescaleVoteEarly: see kOverlapPvSoftmax. kL2Prefetch: the kernel carries the producer's L2 prefetch of the
+// next tile (Params::l2_prefetch_next switches it per launch).
+template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, int kQStages_ = 1,
+          bool kRescaleVoteEarly_ = false, bool kL2Prefetch_ = false>
 struct FwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
@@ -30,6 +32,7 @@ struct FwdKernelTraits {
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
     static constexpr int kQStages = kQStages_;
+    static constexpr bool kL2Prefetch = kL2Prefetch_;
     static_assert(kQStages == 1 || kQStages == 2);
 
     // Warp roles: warpgroup 0 = producer (one thread issues TMA), warpgroups 1.. = consumers,
@@ -51,6 +54,10 @@ struct FwdKernelTraits {
     // pins the PV wait after the softmax). Measured (session 7): 2 consumer WGs (240 regs) +0-2% at
     // hdim 128; 3 consumer WGs (160 regs, hdim 64) -5-12% (cause not profiled).
     static constexpr bool kOverlapPvSoftmax = kNumMmaWarpGroups == 2;
+    // With kOverlapPvSoftmax: the warp votes whether O needs a rescale before the PV wait (while the PV
+    // runs) rather than after it. Session 8, hdim 128, two runs: full masks +0.7-1.4%, causal -1.0-2.5%
+    // (not understood; the SASS differs only in where the VOTE sits), so the launch picks it per mask.
+    static constexpr bool kRescaleVoteEarly = kRescaleVoteEarly_ && kOverlapPvSoftmax;
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;
     // S = Q K^T: both operands K-major in smem (SS).
@@ -158,8 +165,8 @@ struct FwdKernelTraits {
         // with 192-row tiles at seqlen 2k/4k a partial last tile is ~6% extra work. A multiple of
         // kORows (the launch rounds it down), so O store blocks never straddle row 0.
         int m_offset;
-        // The producer prefetches the next tile's Q and first two K/V blocks into L2 a tile ahead (see
-        // FwdMainloopSm90::load).
+        // kL2Prefetch kernels: the producer prefetches the next tile's Q and first two K/V blocks into L2 a
+        // tile ahead (see FwdMainloopSm90::load).
         bool l2_prefetch_next;
     };
     static constexpr bool kRowOffset = FLASH_DASH_FWD_CAUSAL_ROW_OFFSET != 0;

@@ -82,7 +82,8 @@ struct FwdMainloopSm90 {
 
     // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
     // Order per tile: Q, K[n_max-1], then (K[n-1], V[n]) for n = n_max-1 .. 0, matching the
-    // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n].
+    // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n]. With two Q buffers the next
+    // tile's Q is issued early, after this tile's second K.
     CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
                                  PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v) {
         using namespace cute;
@@ -100,35 +101,47 @@ struct FwdMainloopSm90 {
         StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
         StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
 
-        // With p.l2_prefetch_next, once a tile's first K and V went out: the next tile's Q and first two
+        // The CTA's next tile after t that loads anything (>= sched.total: none).
+        auto next_loading_tile = [&](int t) {
+            for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
+                if (n_block_max(p, sched.decode(t).m_block) > 0) { break; }
+            }
+            return t;
+        };
+        auto load_q = [&](FwdTile const& tile) {
+            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
+            auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                              group_modes<0, 2>(gQ));
+            pipe_q.producer_acquire(st_q);
+            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q), 0, hint_q), tQgQ, tQsQ(_, st_q.index()));
+            ++st_q;
+        };
+        // With Traits::kL2Prefetch and p.l2_prefetch_next, once a tile's first K and V went out: the next tile's Q and first two
         // K/V blocks into L2 (no smem: the stages are full). With equal tiles (full masks) the CTAs cross
         // tile boundaries in lockstep, so without it every CTA asks DRAM for a new Q (and the heads of the
         // next round their K/V) within the ~2 blocks its loads run ahead.
-        auto prefetch_next_tile = [&](int t) {
-            for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
-                FwdTile const next = sched.decode(t);
-                int const n_max = n_block_max(p, next.m_block);
-                if (n_max <= 0) { continue; }
-                int const head_k = next.head / p.head_ratio;
-                Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, next.head, next.batch)),
-                                       Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(next.m_block, _0{}));
-                Tensor gK = local_tile(mK(_, _, head_k, next.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                       make_coord(_, _0{}));
-                Tensor gV = local_tile(mV(_, _, head_k, next.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                       make_coord(_, _0{}));
-                cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                                             group_modes<0, 2>(gQ))));
-                Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
-                                                 group_modes<0, 2>(gK)));
-                Tensor pV = get<0>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
-                                                 group_modes<0, 2>(gV)));
-                for (int n = n_max - 1; n >= 0 && n >= n_max - 2; --n) {
-                    cute::prefetch(p.tma_k, pK(_, n));
-                    cute::prefetch(p.tma_v, pV(_, n));
-                }
-                return;
+        auto prefetch_l2 = [&](FwdTile const& tile) {
+            int const n_max = n_block_max(p, tile.m_block);
+            int const head_k = tile.head / p.head_ratio;
+            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
+            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                                         group_modes<0, 2>(gQ))));
+            Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                             group_modes<0, 2>(gK)));
+            Tensor pV = get<0>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                             group_modes<0, 2>(gV)));
+            for (int n = n_max - 1; n >= 0 && n >= n_max - 2; --n) {
+                cute::prefetch(p.tma_k, pK(_, n));
+                cute::prefetch(p.tma_v, pV(_, n));
             }
         };
+        int q_ahead = -1;  // the tile whose Q already went out during the tile before it
 
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
@@ -136,22 +149,16 @@ struct FwdMainloopSm90 {
             if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading
             int const head_k = tile.head / p.head_ratio;
 
-            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
-                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
             Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                                    make_coord(_, _0{}));  // (N, d, n_blocks)
             Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
                                    make_coord(_, _0{}));
-            auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
-                                              group_modes<0, 2>(gQ));
             auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                               group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                               group_modes<0, 2>(gV));
 
-            pipe_q.producer_acquire(st_q);
-            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q), 0, hint_q), tQgQ, tQsQ(_, st_q.index()));
-            ++st_q;
+            if (Traits::kQStages == 1 || q_ahead != t) { load_q(tile); }
 
             int n = n_max - 1;
             pipe_k.producer_acquire(st_k);
@@ -164,10 +171,25 @@ struct FwdMainloopSm90 {
                          tKsK(_, st_k.index()));
                     ++st_k;
                 }
+                if constexpr (Traits::kQStages == 2) {
+                    // Two Q buffers: the next tile's Q goes out once this tile's second K block has a stage,
+                    // i.e. once the consumers are in this tile's first step, where they released the Q of the
+                    // tile before (so the acquire does not wait): a tile ahead instead of ~2 blocks ahead
+                    // (hdim 128 full 2k-16k +0.6-1.4%, session 8).
+                    if (n == n_max - 1 && n > 0) {
+                        q_ahead = next_loading_tile(t);
+                        if (q_ahead < sched.total) { load_q(sched.decode(q_ahead)); }
+                    }
+                }
                 pipe_v.producer_acquire(st_v);
                 copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
                 ++st_v;
-                if (p.l2_prefetch_next && n == n_max - 1) { prefetch_next_tile(t); }
+                if constexpr (Traits::kL2Prefetch) {
+                    if (p.l2_prefetch_next && n == n_max - 1) {
+                        int const tn = next_loading_tile(t);
+                        if (tn < sched.total) { prefetch_l2(sched.decode(tn)); }
+                    }
+                }
             }
         }
     }
@@ -348,9 +370,10 @@ struct FwdMainloopSm90 {
                     // then idles through its own PV). The condition must be warpgroup-uniform (wgmma.wait
                     // is .aligned; a per-warp vote here failed synccheck). A first step's o_scale belongs
                     // to the new tile (whose O is still zero), not to the O its PV just finished.
+                    bool const moved_early = Traits::kRescaleVoteEarly && rescale_needed();
                     if (!first) {
                         warpgroup_wait<0>();  // PV done: V stage and the P registers are free
-                        if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
+                        if (Traits::kRescaleVoteEarly ? moved_early : rescale_needed()) { rescale_rows(tO_rc, o_scale); }
                     } else {
                         warpgroup_wait<0>();
                     }
