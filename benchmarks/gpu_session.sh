@@ -22,6 +22,7 @@ ROOT=$(cd "$(dirname "$0")/.." && pwd)
 cd "$ROOT"
 LOG="$OUTDIR/logs"
 mkdir -p "$LOG"
+touch "$LOG/.start"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 summary=()
@@ -59,7 +60,8 @@ bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/
   local tag=$1 limit=$2; shift 2
   timeout "$limit" env PYTHON=python3 benchmarks/run_bench.sh "$@" benchmarks/results > "$LOG/$tag.log" 2>&1
   summary+=("$tag rc $?")
-  tar -cf "$OUTDIR/results.tar" benchmarks/results
+  # Only this call's files: the whole folder (17 MB by session 8) is over the size that comes back.
+  find benchmarks/results -type f -newer "$LOG/.start" -print0 | tar -cf "$OUTDIR/results.tar" --null -T -
   pack
 }
 if has profile; then  # per-kernel backward time (preprocess / main / postprocess), hdim 128 full, both modes

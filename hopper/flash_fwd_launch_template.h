@@ -30,10 +30,9 @@ namespace flash_dash {
 //                                          -> the instantiation TU turns on the extended shapes
 //   FLASH_DASH_FWD_HDIM{64,128}_STAGES     K/V smem stages
 //   FLASH_DASH_FWD_HDIM{64,128}_Q_STAGES   1 or 2 (2: next tile's Q loaded a tile ahead)
-//   FLASH_DASH_FWD_HDIM{64,128}_VOTE_EARLY 0 or 1: Traits::kRescaleVoteEarly (2 consumer WGs only)
 //   FLASH_DASH_FWD_HDIM{64,128}_L2_PREFETCH 0 or 1: Traits::kL2Prefetch, the producer's L2 prefetch of the
 //                                          next tile (on by default for full masks only, at launch)
-//   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES,VOTE_EARLY}
+//   FLASH_DASH_FWD_HDIM{64,128}_CAUSAL_{BLOCK_M,BLOCK_N,STAGES,Q_STAGES}
 //                                          the same for causal calls (default: the non-causal value;
 //                                          a different value instantiates a second kernel)
 //   FLASH_DASH_FWD_RESCALE_SKIP=0|1        (default 1) skip O *= exp2(m_old - m_new) when no row of
@@ -48,8 +47,7 @@ namespace flash_dash {
 // tiles, so a tile's first QK^T is issued with the previous tile's last PV and needs its Q by then
 // (with one buffer: hdim 128 full 2k-16k 621/656/676/665 vs 642/667/678/679 TFLOP/s, session 6);
 // with 2 consumer WGs (hdim 128) a WG's softmax overlaps its own PV (Traits::kOverlapPvSoftmax,
-// session 7: full 2k-16k 640/673/689/696 vs 634/659/670/668); hdim 128 full masks vote on the O
-// rescale before the PV wait, causal ones after it (kRescaleVoteEarly; session 8).
+// session 7: full 2k-16k 640/673/689/696 vs 634/659/670/668).
 #ifndef FLASH_DASH_FWD_HDIM64_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_BLOCK_M 192
 #endif
@@ -79,18 +77,6 @@ namespace flash_dash {
 #endif
 #ifndef FLASH_DASH_FWD_HDIM128_L2_PREFETCH
 #define FLASH_DASH_FWD_HDIM128_L2_PREFETCH 1
-#endif
-#ifndef FLASH_DASH_FWD_HDIM64_VOTE_EARLY
-#define FLASH_DASH_FWD_HDIM64_VOTE_EARLY 0
-#endif
-#ifndef FLASH_DASH_FWD_HDIM128_VOTE_EARLY
-#define FLASH_DASH_FWD_HDIM128_VOTE_EARLY 1
-#endif
-#ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY
-#define FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY 0
-#endif
-#ifndef FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY
-#define FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY 0
 #endif
 #ifndef FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M
 #define FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M FLASH_DASH_FWD_HDIM64_BLOCK_M
@@ -130,8 +116,6 @@ struct FwdTileConfig {
                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM128_STAGES);
     static constexpr int kQStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM64_Q_STAGES)
                                         : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM128_Q_STAGES);
-    static constexpr bool kVoteEarly = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_VOTE_EARLY : FLASH_DASH_FWD_HDIM64_VOTE_EARLY)
-                                           : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_VOTE_EARLY : FLASH_DASH_FWD_HDIM128_VOTE_EARLY);
     static constexpr bool kL2Prefetch = k64 ? FLASH_DASH_FWD_HDIM64_L2_PREFETCH : FLASH_DASH_FWD_HDIM128_L2_PREFETCH;
     static_assert(kHeadDim <= 128, "tile knobs cover head dims up to 128");
 };
@@ -223,9 +207,9 @@ void run_fwd(FwdParams const& p, cudaStream_t stream) {
     using CfgF = FwdTileConfig<kHeadDim, false>;
     using CfgC = FwdTileConfig<kHeadDim, true>;
     using TraitsF = FwdKernelTraits<kHeadDim, CfgF::kBlockM, CfgF::kBlockN, CfgF::kStages, Element, CfgF::kQStages,
-                                    CfgF::kVoteEarly, CfgF::kL2Prefetch>;
+                                    CfgF::kL2Prefetch>;
     using TraitsC = FwdKernelTraits<kHeadDim, CfgC::kBlockM, CfgC::kBlockN, CfgC::kStages, Element, CfgC::kQStages,
-                                    CfgC::kVoteEarly, CfgC::kL2Prefetch>;
+                                    CfgC::kL2Prefetch>;
 
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
     // Identical configurations are one instantiation (same Traits type).

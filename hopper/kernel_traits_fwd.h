@@ -21,10 +21,10 @@ namespace flash_dash {
 
 // kQStages: Q smem buffers. 1 = the producer loads the next tile's Q only after the consumers
 // released the current one; 2 = the next Q is loaded a tile ahead, while the current tile runs.
-// kRescaleVoteEarly: see kOverlapPvSoftmax. kL2Prefetch: the kernel carries the producer's L2 prefetch of the
-// next tile (Params::l2_prefetch_next switches it per launch).
+// kL2Prefetch: the kernel carries the producer's L2 prefetch of the next tile (Params::l2_prefetch_next
+// switches it per launch).
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, int kQStages_ = 1,
-          bool kRescaleVoteEarly_ = false, bool kL2Prefetch_ = false>
+          bool kL2Prefetch_ = false>
 struct FwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
@@ -54,10 +54,6 @@ struct FwdKernelTraits {
     // pins the PV wait after the softmax). Measured (session 7): 2 consumer WGs (240 regs) +0-2% at
     // hdim 128; 3 consumer WGs (160 regs, hdim 64) -5-12% (cause not profiled).
     static constexpr bool kOverlapPvSoftmax = kNumMmaWarpGroups == 2;
-    // With kOverlapPvSoftmax: the warp votes whether O needs a rescale before the PV wait (while the PV
-    // runs) rather than after it. Session 8, hdim 128, two runs: full masks +0.7-1.4%, causal -1.0-2.5%
-    // (not understood; the SASS differs only in where the VOTE sits), so the launch picks it per mask.
-    static constexpr bool kRescaleVoteEarly = kRescaleVoteEarly_ && kOverlapPvSoftmax;
 
     using AtomLayoutMNK = cute::Layout<cute::Shape<cute::Int<kNumMmaWarpGroups>, cute::_1, cute::_1>>;
     // S = Q K^T: both operands K-major in smem (SS).

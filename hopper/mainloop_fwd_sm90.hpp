@@ -370,10 +370,9 @@ struct FwdMainloopSm90 {
                     // then idles through its own PV). The condition must be warpgroup-uniform (wgmma.wait
                     // is .aligned; a per-warp vote here failed synccheck). A first step's o_scale belongs
                     // to the new tile (whose O is still zero), not to the O its PV just finished.
-                    bool const moved_early = Traits::kRescaleVoteEarly && rescale_needed();
                     if (!first) {
                         warpgroup_wait<0>();  // PV done: V stage and the P registers are free
-                        if (Traits::kRescaleVoteEarly ? moved_early : rescale_needed()) { rescale_rows(tO_rc, o_scale); }
+                        if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
                     } else {
                         warpgroup_wait<0>();
                     }
