@@ -104,20 +104,28 @@ namespace flash_dash {
 #endif
 
 // Tile configuration per head dim and mask: kBlockM x kBlockN, K/V stages, Q stages. The default
-// 128 x 128 uses only base GMMA shapes, 2 consumer warpgroups of 64 rows.
+// 128 x 128 uses only base GMMA shapes, 2 consumer warpgroups of 64 rows. Head dims above 128 (no
+// instantiation is generated for them yet, so not run on a GPU): O alone holds kHeadDim / 2 fp32
+// registers per thread, so narrower K/V blocks (96 keys up to 192 columns, else 64) and one Q buffer;
+// their O does not fit in smem next to Q and K/V, so the epilogue stores it from registers.
 template <int kHeadDim, bool kCausal>
 struct FwdTileConfig {
     static constexpr bool k64 = kHeadDim <= 64;
-    static constexpr int kBlockM = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M : FLASH_DASH_FWD_HDIM64_BLOCK_M)
+    static constexpr bool kWide = kHeadDim > 128;
+    static constexpr int kBlockM = kWide ? 128
+                                 : k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_M : FLASH_DASH_FWD_HDIM64_BLOCK_M)
                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_M : FLASH_DASH_FWD_HDIM128_BLOCK_M);
-    static constexpr int kBlockN = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_N : FLASH_DASH_FWD_HDIM64_BLOCK_N)
+    static constexpr int kBlockN = kWide ? (kHeadDim <= 192 ? 96 : 64)
+                                 : k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_BLOCK_N : FLASH_DASH_FWD_HDIM64_BLOCK_N)
                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_BLOCK_N : FLASH_DASH_FWD_HDIM128_BLOCK_N);
-    static constexpr int kStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM64_STAGES)
+    static constexpr int kStages = kWide ? 2
+                                 : k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM64_STAGES)
                                        : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_STAGES : FLASH_DASH_FWD_HDIM128_STAGES);
-    static constexpr int kQStages = k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM64_Q_STAGES)
+    static constexpr int kQStages = kWide ? 1
+                                  : k64 ? (kCausal ? FLASH_DASH_FWD_HDIM64_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM64_Q_STAGES)
                                         : (kCausal ? FLASH_DASH_FWD_HDIM128_CAUSAL_Q_STAGES : FLASH_DASH_FWD_HDIM128_Q_STAGES);
-    static constexpr bool kL2Prefetch = k64 ? FLASH_DASH_FWD_HDIM64_L2_PREFETCH : FLASH_DASH_FWD_HDIM128_L2_PREFETCH;
-    static_assert(kHeadDim <= 128, "tile knobs cover head dims up to 128");
+    static constexpr bool kL2Prefetch = !kWide && (k64 ? FLASH_DASH_FWD_HDIM64_L2_PREFETCH : FLASH_DASH_FWD_HDIM128_L2_PREFETCH);
+    static_assert(kHeadDim <= 256, "forward tiles cover head dims up to 256");
 };
 
 // Whether a kL2Prefetch kernel's producer prefetches the next tile's start into L2 (Params::l2_prefetch_next):
