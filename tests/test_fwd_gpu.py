@@ -157,9 +157,10 @@ def test_fwd_bitwise_repeatable(causal, d):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(1024, 1024), (799, 3)])
 def test_fwd_l2_prefetch_knob(sq, sk, causal, d, monkeypatch):
-    """The producer's L2 prefetch of the next tile (FLASH_DASH_FWD_L2_PREFETCH=0|1, default: full masks) only
-    warms the cache: with 3 CTAs (many tiles each, and causal (799, 3) tiles without keys to skip) both
-    settings pass the reference check and give the default's bits. A bad value is refused before a launch."""
+    """The producer's L2 prefetch of the next tile (hdim 128 kernels; FLASH_DASH_FWD_L2_PREFETCH=0|1, default:
+    full masks) only warms the cache: with 3 CTAs (many tiles each, and causal (799, 3) tiles without keys to
+    skip) both settings pass the reference check and give the default's bits. hdim 64 kernels do not carry the
+    prefetch, but read and check the knob the same way. A bad value is refused before a launch."""
     q, k, v = _inputs(3, sq, sk, 6, 2, d, torch.bfloat16)
     margin = torch.cuda.get_device_properties(q.device).multi_processor_count - 3
     scale = d**-0.5
