@@ -70,14 +70,13 @@ def main(argv=None) -> int:
         ap.error(f"--seqlen-q {args.seqlen_q}: needs at least 2 sequences in {common.TOKENS_PER_BATCH} tokens")
     if args.rounds < 1:
         ap.error(f"--rounds must be >= 1, got {args.rounds}")
-    from benchmarks.fwd_variants import parse_toggle, time_fwd_pair
+    from benchmarks.fwd_variants import parse_toggle, time_fwd_pair, toggle_labels
     try:
         toggle = parse_toggle(args.toggle) if args.toggle else None
     except argparse.ArgumentTypeError as e:
         ap.error(str(e))
     common.require_cuda("fwd_overhead.py")
-    labels = [f"ours {toggle[0]}={v}" for v in toggle[1]] if toggle else ["ours"]
-    labels.append("cudnn")
+    labels = toggle_labels(toggle) + ["cudnn"]
 
     h, d = common.HIDDEN // args.hdim, args.hdim
     rows = []

@@ -74,6 +74,11 @@ def parse_toggle(text: str) -> Tuple[str, List[str]]:
     return name, vals
 
 
+def toggle_labels(toggle: Optional[Tuple[str, List[str]]]) -> List[str]:
+    """Column labels of our forward: one per --toggle value ("ours NAME=V"), or just "ours"."""
+    return [f"ours {toggle[0]}={v}" for v in toggle[1]] if toggle else ["ours"]
+
+
 def time_fwd_pair(b: int, sq: int, sk: int, h: int, d: int, causal: bool, sm_margin: int = 0,
                   toggle: Optional[Tuple[str, List[str]]] = None, rounds: int = 1) -> tuple:
     """(ours ms, cuDNN ms): bf16 forwards on 3 rotating input sets of (b, sq|sk, h, d), median of 30 after 5
@@ -118,7 +123,7 @@ def main(argv=None) -> int:
         ap.error(f"--hdim takes 64 and/or 128, got {args.hdim!r}")
     common.require_cuda("fwd_variants.py")
 
-    labels = [f"ours {args.toggle[0]}={v}" for v in args.toggle[1]] if args.toggle else ["ours"]
+    labels = toggle_labels(args.toggle)
     rows = []
     for hdim in hdims:
         for causal in (False, True):
