@@ -73,18 +73,6 @@ const Entry& find_entry(const std::vector<Entry>& table, int head_dim, at::Scala
                 "; rebuild with FLASH_DASH_HDIMS / FLASH_DASH_DTYPES including it");
 }
 
-// Runs a launch: the torch-free launch code reports arguments it refuses before launching (e.g. a bad
-// FLASH_DASH_FWD_L2_PREFETCH) as std::invalid_argument, which becomes a ValueError; then checks the launch.
-template <typename Launch>
-void launch_checked(Launch&& launch) {
-    try {
-        launch();
-    } catch (const std::invalid_argument& e) {
-        TORCH_CHECK_VALUE(false, e.what());
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-}
-
 TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
 void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
@@ -148,7 +136,12 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
     const auto& entry = find_entry(kFwd, p.head_dim, q.scalar_type(), "forward");
-    launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
+    try {  // the launch refuses a bad FLASH_DASH_FWD_L2_PREFETCH before launching
+        entry.run(p, c10::cuda::getCurrentCUDAStream());
+    } catch (const std::invalid_argument& e) {
+        TORCH_CHECK_VALUE(false, e.what());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -185,7 +178,12 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
         "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)"));
     const auto& entry = find_entry(kBwd, p.head_dim, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
-    launch_checked([&] { entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()); });
+    try {
+        entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream());
+    } catch (const std::invalid_argument& e) {
+        TORCH_CHECK_VALUE(false, e.what());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 std::vector<std::string> instantiations() {

@@ -34,11 +34,6 @@ def _run_fwd(q, k, v, softmax_scale, causal, sm_margin=0, poison=True):
     return out, lse
 
 
-def _three_cta_margin(q):
-    """sm_margin that leaves the forward a 3-CTA grid on q's device (many tiles per CTA)."""
-    return torch.cuda.get_device_properties(q.device).multi_processor_count - 3
-
-
 def _check(q, k, v, out, lse, softmax_scale, causal):
     from flash_attn_dash.reference import attention_ref
 
@@ -114,7 +109,7 @@ def test_fwd_many_tiles_per_cta(sq, sk, causal, d, dtype):
     """A 3-CTA grid: each CTA runs many tiles back to back, so every tile's O epilogue overlaps the next
     tile's first step (and, causal (799, 3), tiles without a visible key sit between tiles with keys)."""
     q, k, v = _inputs(3, sq, sk, 6, 2, d, dtype)
-    margin = _three_cta_margin(q)
+    margin = torch.cuda.get_device_properties(q.device).multi_processor_count - 3
     scale = d**-0.5
     out, lse = _run_fwd(q, k, v, scale, causal, sm_margin=margin)
     _check(q, k, v, out, lse, scale, causal)
@@ -167,7 +162,7 @@ def test_fwd_l2_prefetch_knob(sq, sk, causal, d, monkeypatch):
     skip) both settings pass the reference check and give the default's bits. hdim 64 kernels do not carry the
     prefetch, but read and check the knob the same way. A bad value is refused before a launch."""
     q, k, v = _inputs(3, sq, sk, 6, 2, d, torch.bfloat16)
-    margin = _three_cta_margin(q)
+    margin = torch.cuda.get_device_properties(q.device).multi_processor_count - 3
     scale = d**-0.5
     monkeypatch.delenv("FLASH_DASH_FWD_L2_PREFETCH", raising=False)
     out0, lse0 = _run_fwd(q, k, v, scale, causal, sm_margin=margin)
