@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Sequence
 
+from . import __version__
 from .schedule.auto import Prediction, choose, predict
 from .schedule.costs import default_costs
 from .schedule.draw import draw_gantt
@@ -50,8 +51,10 @@ def _cost(text: str) -> float:
     return value
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
+    """The top-level parser and its ``plan`` sub-parser (whose ``error()`` reports plan's own checks)."""
     parser = argparse.ArgumentParser(prog="flash-attn-dash", description="flash-attn-dash tools")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="predict makespan and bubbles of every backward schedule for one shape",
                           description="Predict the deterministic backward schedules of one shape with the DASH model.")
@@ -68,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--png", help="write SM-timeline charts to this PNG")
     plan.add_argument("--max-ctas", type=_positive_int, default=16, help="CTAs drawn per panel (default 16)")
     plan.add_argument("--json", action="store_true", help="print the numbers as JSON")
-    return parser
+    return parser, plan
 
 
 def _progress(label: str):
@@ -96,6 +99,7 @@ def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str, h
 
 
 def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``plan``; ``parser`` is the plan sub-parser, so its errors name ``plan`` and show its usage."""
     if args.sm_margin >= args.sms:
         parser.error(f"argument --sm-margin: must be smaller than --sms={args.sms}, got {args.sm_margin}")
     if args.c == 0:
@@ -149,9 +153,9 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flash-attn-dash`` console script; returns the exit status."""
-    parser = _parser()
+    parser, plan = _parsers()
     args = parser.parse_args(argv)
-    return _plan(args, parser)
+    return _plan(args, plan)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``flash-attn-dash plan``: table, JSON, PNG and argument errors."""
+"""``flash-attn-dash``: version, ``plan``'s table, JSON and PNG, and argument errors."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from flash_attn_dash import __version__
 from flash_attn_dash.cli import main
 
 
@@ -74,3 +75,24 @@ def test_bad_arguments_exit_2(argv, message, capsys):
         main(argv)
     assert err.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_version(capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["--version"])
+    assert err.value.code == 0
+    assert capsys.readouterr().out == f"flash-attn-dash {__version__}\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--sm-margin", "132"], "argument --sm-margin: must be smaller than --sms=132, got 132"),
+    (["--sms", "8", "--sm-margin", "9"], "argument --sm-margin: must be smaller than --sms=8, got 9"),
+    (["--c", "0"], "argument --c: the compute cost must be > 0"),
+])
+def test_plan_checks_show_plan_usage(argv, message, capsys):
+    with pytest.raises(SystemExit) as err:
+        main(["plan", "--seqlen", "1024", "--hdim", "64", *argv])
+    assert err.value.code == 2
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("usage: flash-attn-dash plan ")
+    assert lines[-1] == f"flash-attn-dash plan: error: {message}"
