@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from collections.abc import Sequence
+from typing import NoReturn
 
 from . import __version__
 from .schedule.auto import Prediction, choose, predict
@@ -49,6 +51,33 @@ def _cost(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
+
+
+def _png_problem(path: str) -> str | None:
+    """Why ``path`` cannot take the chart (None if it can), found before the (possibly slow) simulation."""
+    if not path.lower().endswith(".png"):
+        return f"expected a file name ending in .png, got {path!r}"
+    directory = os.path.dirname(path) or "."
+    accepted = "expected a .png file in an existing, writable directory"
+    if not os.path.isdir(directory):
+        problem = "is not a directory" if os.path.exists(directory) else "does not exist"
+        return f"directory {directory!r} {problem}, {accepted}"
+    if os.path.isdir(path):
+        return f"expected a file name ending in .png, got the directory {path!r}"
+    existed = os.path.exists(path)
+    try:  # opening is the only reliable test (permissions, read-only file systems, root)
+        with open(path, "ab"):
+            pass
+    except OSError as err:
+        return f"cannot write {path!r} ({err.strerror}), {accepted}"
+    if not existed:
+        os.remove(path)  # only a probe: the chart is written after the simulation
+    return None
+
+
+def _png_error(parser: argparse.ArgumentParser, problem: str) -> NoReturn:
+    """Exit 2 with one line on stderr: a path problem is not a usage mistake, so no usage block."""
+    parser.exit(2, f"{parser.prog}: error: argument --png: {problem}\n")
 
 
 def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
@@ -104,6 +133,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"argument --sm-margin: must be smaller than --sms={args.sms}, got {args.sm_margin}")
     if args.c == 0:
         parser.error("argument --c: the compute cost must be > 0")
+    if args.png and (problem := _png_problem(args.png)):
+        _png_error(parser, problem)
     mask = "causal" if args.causal else "full"
     seqlen_k = args.seqlen_k or args.seqlen
     batch = args.batch or max(1, 16384 // args.seqlen)
@@ -144,8 +175,11 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         titles = [f"{p.schedule}" + (f" (runs {p.schedule_used})" if not p.valid else "")
                   + f": makespan {p.makespan:.4g}, idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
                   + ("  [auto]" if p.schedule == pick else "") for p in predictions]
-        draw_gantt([p.timeline for p in predictions], titles, args.png, args.max_ctas,
-                   "time (ns, model)" if default else "time (cost units)")
+        try:
+            draw_gantt([p.timeline for p in predictions], titles, args.png, args.max_ctas,
+                       "time (ns, model)" if default else "time (cost units)")
+        except OSError as err:  # probed before the simulation, so only a late failure (disk full, directory removed)
+            _png_error(parser, f"cannot write {args.png!r} ({err.strerror or err})")
         if not args.json:
             print(f"wrote {args.png}")
     return 0

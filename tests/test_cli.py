@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
-from flash_attn_dash import __version__
+from flash_attn_dash import __version__, cli
 from flash_attn_dash.cli import main
 
 
@@ -96,3 +97,78 @@ def test_plan_checks_show_plan_usage(argv, message, capsys):
     lines = capsys.readouterr().err.splitlines()
     assert lines[0].startswith("usage: flash-attn-dash plan ")
     assert lines[-1] == f"flash-attn-dash plan: error: {message}"
+
+
+def _no_simulation(*args, **kwargs):
+    raise AssertionError("the --png path must be checked before the simulation")
+
+
+def _one_line_png_error(argv, capsys) -> str:
+    """Run plan with ``argv`` added, expect exit 2 with exactly one stderr line about --png, and return that line."""
+    with pytest.raises(SystemExit) as err:
+        main(["plan", "--seqlen", "1024", "--hdim", "64", *argv])
+    assert err.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    lines = captured.err.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("flash-attn-dash plan: error: argument --png: "), captured.err
+    return lines[0]
+
+
+@pytest.mark.parametrize("name, message", [
+    ("missing/plan.png", "does not exist"),
+    ("plan.jpg", "expected a file name ending in .png, got"),
+    ("plan", "expected a file name ending in .png, got"),
+    ("a_file/plan.png", "is not a directory"),
+    ("a_dir.png", "got the directory"),
+])
+def test_bad_png_path_exits_2_before_simulating(name, message, tmp_path, monkeypatch, capsys):
+    (tmp_path / "a_file").write_text("")
+    (tmp_path / "a_dir.png").mkdir()
+    monkeypatch.setattr(cli, "predict", _no_simulation)
+    line = _one_line_png_error(["--png", str(tmp_path / name)], capsys)
+    assert message in line and "expected a" in line  # what is wrong, and what is accepted
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root may write into a read-only directory")
+def test_unwritable_png_directory_exits_2(tmp_path, monkeypatch, capsys):
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    locked.chmod(0o500)
+    monkeypatch.setattr(cli, "predict", _no_simulation)
+    try:
+        line = _one_line_png_error(["--png", str(locked / "plan.png")], capsys)
+    finally:
+        locked.chmod(0o700)
+    assert "cannot write" in line and "Permission denied" in line
+
+
+def test_png_probe_leaves_no_file_and_keeps_an_existing_one(tmp_path, monkeypatch):
+    class Probed(Exception):
+        pass
+
+    def check_then_stop(*args, **kwargs):
+        raise Probed
+
+    new, old = tmp_path / "new.png", tmp_path / "old.png"
+    old.write_bytes(b"previous chart")
+    monkeypatch.setattr(cli, "predict", check_then_stop)
+    for path in (new, old):
+        with pytest.raises(Probed):
+            main(["plan", "--seqlen", "1024", "--hdim", "64", "--png", str(path)])
+    assert not new.exists() and old.read_bytes() == b"previous chart"
+
+
+def test_png_write_failure_after_simulating_exits_2(tmp_path, monkeypatch, capsys):
+    def disk_full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    path = str(tmp_path / "plan.png")
+    monkeypatch.setattr(cli, "draw_gantt", disk_full)
+    with pytest.raises(SystemExit) as err:
+        main(["plan", "--seqlen", "1024", "--hdim", "64", "--json", "--png", path])
+    assert err.value.code == 2
+    captured = capsys.readouterr()
+    json.loads(captured.out)  # the numbers were printed before the chart failed
+    assert captured.err == (f"flash-attn-dash plan: error: argument --png: cannot write {path!r} "
+                            "(No space left on device)\n")
