@@ -17,7 +17,7 @@ from typing import NoReturn
 from . import __version__
 from .schedule.auto import Prediction, choose, predict
 from .schedule.costs import default_costs
-from .schedule.draw import draw_gantt
+from .schedule.draw import MAX_PNG_PX, draw_gantt
 from .schedule.orders import nondeterministic_walk
 from .schedule.tiles import TileGrid, bwd_tile_shape
 
@@ -97,8 +97,11 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--sm-margin", type=_non_negative_int, default=0, help="SMs left free; grid = sms - margin")
     plan.add_argument("--c", type=_cost, help="compute cost per step (default: from tile shape, ns)")
     plan.add_argument("--r", type=_cost, help="reduce cost per step (default: from tile shape, ns)")
-    plan.add_argument("--png", help="write SM-timeline charts to this PNG")
-    plan.add_argument("--max-ctas", type=_positive_int, default=16, help="CTAs drawn per panel (default 16)")
+    plan.add_argument("--png",
+                      help="write SM-timeline charts of every schedule, on one time axis, to this .png file "
+                           f"(at most {MAX_PNG_PX[0]} x {MAX_PNG_PX[1]} pixels: rows get thinner past that)")
+    plan.add_argument("--max-ctas", type=_positive_int, default=16,
+                      help="CTAs drawn per panel, sampled evenly (default 16)")
     plan.add_argument("--json", action="store_true", help="print the numbers as JSON")
     return parser, plan
 
@@ -172,12 +175,17 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   f"idle = waits + CTAs done early, over grid x makespan"]
         print(_table(predictions, pick, reason, nondet, header, unit))
     if args.png:
+        # One axis for all panels, in the table's unit, so the speed-up between schedules shows as bar length.
+        scale, unit, short = (1e3, "µs", "µs") if default else (1.0, "model time units", "units")
         titles = [f"{p.schedule}" + (f" (runs {p.schedule_used})" if not p.valid else "")
-                  + f": makespan {p.makespan:.4g}, idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
+                  + f": makespan {p.makespan / scale:.5g} {short}, {base / p.makespan:.3f}x vs ascending, "
+                  + f"idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
                   + ("  [auto]" if p.schedule == pick else "") for p in predictions]
+        heading = (f"{mask} mask, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, "
+                   f"heads {heads}, grid {grid} ({args.sms} SMs - margin {args.sm_margin}); schedule model, "
+                   f"c={c:g} r={r:g}{' ns' if default else ''} per step")
         try:
-            draw_gantt([p.timeline for p in predictions], titles, args.png, args.max_ctas,
-                       "time (ns, model)" if default else "time (cost units)")
+            draw_gantt([p.timeline for p in predictions], titles, args.png, heading, args.max_ctas, unit, scale)
         except OSError as err:  # probed before the simulation, so only a late failure (disk full, directory removed)
             _png_error(parser, f"cannot write {args.png!r} ({err.strerror or err})")
         if not args.json:

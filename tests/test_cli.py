@@ -1,4 +1,5 @@
-"""``flash-attn-dash``: version, ``plan``'s table, JSON and PNG, and argument errors."""
+"""``flash-attn-dash``: version, ``plan``'s table, JSON and PNG, and argument errors (the chart itself:
+test_cli_png.py)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,46 @@
-"""SM-timeline (Gantt) charts of simulated plans; matplotlib is imported only here, with the Agg backend."""
+"""SM-timeline (Gantt) charts of simulated plans; matplotlib is imported only here, and without pyplot (no global
+backend is set)."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from .simulate import Timeline
 
-_WAIT_COLOUR = "#ff0000"
-_RED_IN_TAB20 = (6, 7)  # left out of the head colours so waits stay unambiguous
-_REDUCE_COLOUR = "#404040"
+# Five Okabe-Ito colours (told apart with the common colour-vision deficiencies), cycled so that consecutive heads never
+# share one; its vermillion, sky blue and black are left out so no head looks like a wait or like its neighbour.
+COMPUTE_COLOURS = ("#0072B2", "#E69F00", "#009E73", "#F0E442", "#CC79A7")
+REDUCE_COLOUR = "#9A9A9A"
+WAIT_COLOUR = "#000000"
+
+DPI = 110
+WIDTH_IN = 14.0
+MAX_HEIGHT_IN = 30.0
+MAX_PNG_PX = (round(WIDTH_IN * DPI), round(MAX_HEIGHT_IN * DPI))
+"""The largest image :func:`draw_gantt` writes, ``(width, height)`` in pixels; rows get thinner past it."""
+
+_HEADER_IN = 1.2  # title (two lines) and the legend under the panels
+_PANEL_IN = 0.7  # a panel's title, tick labels and axis label
+_ROW_IN = 0.28
+_LABEL_IN = 0.12  # the least vertical room per y tick label (7 pt text)
+
+
+@dataclass(frozen=True)
+class GanttFigure:
+    """What :func:`draw_gantt` wrote: per-panel tuples are in the order of the timelines."""
+
+    path: str
+    title: str
+    panel_titles: tuple[str, ...]
+    xlabel: str
+    xlims: tuple[tuple[float, float], ...]
+    rows: tuple[tuple[int, ...], ...]  # the CTAs drawn in each panel, top to bottom
+    legend: tuple[tuple[str, str], ...]  # (label, colour)
+    size_px: tuple[int, int]
 
 
 def sample_ctas(num_ctas: int, limit: int) -> list[int]:
@@ -20,57 +50,101 @@ def sample_ctas(num_ctas: int, limit: int) -> list[int]:
     return sorted({int(round(x)) for x in np.linspace(0, num_ctas - 1, limit)})
 
 
-def draw_gantt(timelines: Sequence[Timeline], titles: Sequence[str], path: str, max_ctas: int = 16,
-               unit: str = "model time units", detail_steps: int = 400) -> None:
-    """Write one Gantt panel per timeline to ``path`` (PNG).
+def describe_ctas(rows: Sequence[int], num_ctas: int) -> str:
+    """Which CTAs a panel shows, e.g. ``"CTAs 0, 9, 17, …, 131 of 132 shown"``."""
+    if len(rows) == num_ctas:
+        return f"all {num_ctas} CTA{'s' if num_ctas != 1 else ''} shown"
+    listed = [str(g) for g in rows] if len(rows) <= 4 else [str(g) for g in rows[:3]] + ["…", str(rows[-1])]
+    return f"CTAs {', '.join(listed)} of {num_ctas} shown"
 
-    Rows are CTAs (a sample when there are more than ``max_ctas``); compute bars are coloured by (batch, head), reduce
-    bars are dark grey, and red bars show the time a CTA waited for its rank predecessor before reducing.
+
+def _head_labels(num_heads: int) -> list[str]:
+    """Legend label of each compute colour: the flat heads ``b * heads + h`` it stands for."""
+    labels = []
+    for i in range(min(num_heads, len(COMPUTE_COLOURS))):
+        members = [str(h) for h in range(i, num_heads, len(COMPUTE_COLOURS))]
+        more = ", …" if len(members) > 2 else ""
+        labels.append(f"head {members[0]}" if len(members) == 1 else f"heads {', '.join(members[:2])}{more}")
+    return labels
+
+
+def draw_gantt(timelines: Sequence[Timeline], titles: Sequence[str], path: str, heading: str, max_ctas: int = 16,
+               unit: str = "model time units", scale: float = 1.0, detail_steps: int = 400) -> GanttFigure:
+    """Write one Gantt panel per timeline to ``path`` (PNG), all on one time axis, and describe what was drawn.
+
+    Times are divided by ``scale`` and labelled ``unit``.  Rows are CTAs (an even sample when there are more than
+    ``max_ctas``).  Compute bars are coloured by flat head ``b * heads + h`` cycling through ``COMPUTE_COLOURS``,
+    reduce bars are grey and half-height black bars are the time a CTA waited for its rank predecessor.  A CTA with
+    more than ``detail_steps`` steps is drawn as one bar per K/V tile (reduces included) between waits.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_hex
+    from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    fig, axes = plt.subplots(len(timelines), 1, figsize=(14, 1.0 + 0.28 * max_ctas * len(timelines)), squeeze=False)
-    tab20 = plt.get_cmap("tab20")
-    colours = [tab20(i) for i in range(20) if i not in _RED_IN_TAB20]
-    for ax, timeline, title in zip(axes[:, 0], timelines, titles):
+    samples = [sample_ctas(t.plan.num_ctas, max_ctas) for t in timelines]
+    shown = [describe_ctas(rows, t.plan.num_ctas) for rows, t in zip(samples, timelines)]
+    if len(set(shown)) == 1:
+        title = f"{heading}\n{shown[0]}"
+    else:  # the schedules run different grids, so each panel names its own sample
+        title = f"{heading}\nup to {max_ctas} CTAs per panel, sampled evenly (listed per panel)"
+        titles = [f"{t}; {s}" for t, s in zip(titles, shown)]
+    total_rows = max(1, sum(len(rows) for rows in samples))
+    fixed_in = _HEADER_IN + _PANEL_IN * len(timelines)
+    height_in = min(MAX_HEIGHT_IN, fixed_in + _ROW_IN * total_rows)
+    row_in = max(height_in - fixed_in, _LABEL_IN) / total_rows
+    label_every = math.ceil(_LABEL_IN / row_in)  # thin the CTA labels when capped rows get too low for text
+    xmax = max(float(t.makespan) for t in timelines) / scale * 1.01 or 1.0
+    xlabel = f"time ({unit})"
+    heads = max(t.plan.batch * t.plan.heads for t in timelines)
+    k = len(COMPUTE_COLOURS)
+
+    fig = Figure(figsize=(WIDTH_IN, height_in), dpi=DPI, layout="constrained")
+    axes = fig.subplots(len(timelines), 1, sharex=True, squeeze=False)[:, 0]
+    for ax, timeline, rows, panel_title in zip(axes, timelines, samples, titles):
         plan = timeline.plan
-        rows = sample_ctas(plan.num_ctas, max_ctas)
-        c, r = float(timeline.c), float(timeline.r)
+        c, r = float(timeline.c) / scale, float(timeline.r) / scale
         for y, cta in enumerate(rows):
             lo, hi = int(plan.cta_ptr[cta]), int(plan.cta_ptr[cta + 1])
             if lo == hi:
                 continue
-            start, end = timeline.compute_start[lo:hi], timeline.reduce_end[lo:hi]
-            head = (plan.step_b[lo:hi] * plan.heads + plan.step_h[lo:hi]) % len(colours)
-            wait = timeline.wait[lo:hi]
+            start, end = timeline.compute_start[lo:hi] / scale, timeline.reduce_end[lo:hi] / scale
+            wait = timeline.wait[lo:hi] / scale
+            head = plan.step_b[lo:hi] * plan.heads + plan.step_h[lo:hi]
+            colour = [COMPUTE_COLOURS[i] for i in head % k]
             if hi - lo <= detail_steps:
-                ax.broken_barh(list(zip(start, np.full(hi - lo, c))), (y - 0.4, 0.8),
-                               facecolors=[colours[k] for k in head], linewidth=0)
-                ax.broken_barh(list(zip(timeline.reduce_start[lo:hi], np.full(hi - lo, r))), (y - 0.4, 0.8),
-                               facecolors=_REDUCE_COLOUR, linewidth=0)
+                ax.broken_barh(list(zip(start, np.full(hi - lo, c))), (y - 0.4, 0.8), facecolors=colour, linewidth=0)
+                ax.broken_barh(list(zip(timeline.reduce_start[lo:hi] / scale, np.full(hi - lo, r))), (y - 0.4, 0.8),
+                               facecolors=REDUCE_COLOUR, linewidth=0)
             else:
-                # Too many steps to see individually: one bar per run of the same head without waits.
-                cut = np.flatnonzero((head[1:] != head[:-1]) | (wait[1:] > 0)) + 1
+                # Too many steps to see one by one: a bar per K/V tile, split at waits; white edges mark tile changes.
+                tile = head * plan.grid.num_n + plan.step_n[lo:hi]
+                cut = np.flatnonzero((tile[1:] != tile[:-1]) | (wait[1:] > 0)) + 1
                 first, last = np.concatenate([[0], cut]), np.concatenate([cut, [hi - lo]]) - 1
                 ax.broken_barh(list(zip(start[first], end[last] - start[first])), (y - 0.4, 0.8),
-                               facecolors=[colours[k] for k in head[first]], linewidth=0)
+                               facecolors=[colour[i] for i in first], edgecolor="white", linewidth=0.4)
             waiting = wait > 0
             ax.broken_barh(list(zip(start[waiting] + c, wait[waiting])), (y - 0.25, 0.5),
-                           facecolors=_WAIT_COLOUR, linewidth=0)
-        ax.set_yticks(range(len(rows)), [str(g) for g in rows], fontsize=7)
-        ax.set_ylim(-0.6, len(rows) - 0.4)
-        ax.invert_yaxis()
-        ax.set_xlim(0, float(timeline.makespan) * 1.01 or 1.0)
+                           facecolors=WAIT_COLOUR, linewidth=0)
+        ticks = range(0, len(rows), label_every)
+        ax.set_yticks(list(ticks), [str(rows[i]) for i in ticks], fontsize=7)
+        ax.set_ylim(len(rows) - 0.4, -0.6)  # CTA 0 on top
         ax.set_ylabel("CTA")
-        ax.set_title(title, fontsize=9, loc="left")
-    axes[-1, 0].set_xlabel(unit)
-    handles = [Patch(color=colours[0], label="compute (colour = head)"), Patch(color=_REDUCE_COLOUR, label="dQ reduce"),
-               Patch(color=_WAIT_COLOUR, label="wait for rank predecessor")]
-    fig.legend(handles=handles, loc="upper right", fontsize=8, ncol=3)
-    fig.tight_layout(rect=(0, 0, 1, 0.97))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax.set_title(panel_title, fontsize=9, loc="left")
+        ax.tick_params(labelbottom=True)  # sharex hides inner tick labels; each panel keeps its time scale readable
+        ax.grid(axis="x", color="#dddddd", linewidth=0.6)
+        ax.set_axisbelow(True)
+    axes[0].set_xlim(0.0, xmax)
+    axes[-1].set_xlabel(xlabel)
+    fig.suptitle(title, fontsize=10)
+    handles = [Patch(color=COMPUTE_COLOURS[i], label=label) for i, label in enumerate(_head_labels(heads))]
+    handles += [Patch(color=REDUCE_COLOUR, label="dQ reduce"),
+                Patch(color=WAIT_COLOUR, label="wait for rank predecessor")]
+    fig.legend(handles=handles, loc="outside lower center", fontsize=8, ncol=len(handles),
+               title="compute colour = head b·heads + h", title_fontsize=8)
+    fig.savefig(path, dpi=DPI, format="png")
+    width, height = (int(x) for x in fig.bbox.size)  # as Agg sizes its canvas
+    return GanttFigure(path=path, title=title, panel_titles=tuple(titles), xlabel=xlabel,
+                       xlims=tuple(tuple(map(float, ax.get_xlim())) for ax in axes),
+                       rows=tuple(tuple(rows) for rows in samples),
+                       legend=tuple((h.get_label(), to_hex(h.get_facecolor())) for h in handles),
+                       size_px=(width, height))
