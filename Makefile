@@ -3,8 +3,9 @@ PYTHON ?= python3
 NVCC ?= nvcc
 BUILD ?= build/kernels
 CUTLASS_INC := $(shell $(PYTHON) -c "import importlib.util,os; s=importlib.util.find_spec('cutlass_library'); print(os.path.join(os.path.dirname(s.origin),'source','include') if s else '')")
-KERNEL_SRCS := $(wildcard hopper/instantiations/*.cu)
-KERNEL_OBJS := $(patsubst hopper/instantiations/%.cu,$(BUILD)/%.o,$(KERNEL_SRCS))
+KERNEL_SRCS := $(shell $(PYTHON) build_config.py sources)
+KERNEL_OBJS := $(patsubst hopper/generated/%.cu,$(BUILD)/%.o,$(KERNEL_SRCS))
+KERNEL_HDRS := $(wildcard hopper/*/*.h hopper/*/*.hpp)
 NVCC_FLAGS := $(shell $(PYTHON) -c "import sys; sys.path.insert(0,'.'); from build_config import nvcc_flags; print(' '.join(nvcc_flags()))")
 
 .PHONY: kernels test plan bench bench-quick clean
@@ -12,7 +13,7 @@ NVCC_FLAGS := $(shell $(PYTHON) -c "import sys; sys.path.insert(0,'.'); from bui
 kernels: $(KERNEL_OBJS)
 	@$(PYTHON) -m build_config report $(BUILD)/*.log
 
-$(BUILD)/%.o: hopper/instantiations/%.cu $(wildcard hopper/*.h hopper/*.hpp) build_config.py
+$(BUILD)/%.o: hopper/generated/%.cu $(KERNEL_HDRS) build_config.py
 	@test -n "$(CUTLASS_INC)" || { echo "nvidia-cutlass is not installed: pip install --no-deps nvidia-cutlass==4.2.0.0"; exit 1; }
 	@mkdir -p $(BUILD)
 	@echo "nvcc $<"

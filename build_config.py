@@ -1,13 +1,14 @@
 """Build knobs and nvcc flags shared by setup.py and the Makefile.
 
-Knobs (environment):
-  FLASH_DASH_HDIMS   comma list of head dims to compile (default "64,128")
+The kernels are the variants of flash_attn_dash/variants.py; the knobs (environment) select a subset:
+  FLASH_DASH_HDIMS   comma list of head dims to compile (default: every head dim of the table)
   FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
   FLASH_DASH_PASSES  comma list of passes to compile (default "fwd,bwd"; a subset is for kernel development)
   FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
   MAX_JOBS           parallel nvcc jobs (read by torch's ninja builder)
 
-`python -m build_config report LOG...` summarises ptxas resource usage per kernel.
+`python build_config.py sources` prints the selected translation units (the Makefile's list);
+`python build_config.py report LOG...` summarises ptxas resource usage per kernel.
 """
 from __future__ import annotations
 
@@ -16,10 +17,10 @@ import re
 import sys
 from pathlib import Path
 
-SUPPORTED_HDIMS = (64, 128)
-SUPPORTED_DTYPES = ("bf16", "fp16")
-SUPPORTED_PASSES = ("fwd", "bwd")
 ROOT = Path(__file__).resolve().parent
+sys.path.insert(0, str(ROOT))
+from flash_attn_dash import variants  # noqa: E402  (pure Python, no torch)
+
 
 
 def _env_list(name: str, default: tuple, cast) -> list:
@@ -35,32 +36,28 @@ def _env_list(name: str, default: tuple, cast) -> list:
 
 
 def selected_hdims() -> list[int]:
-    return _env_list("FLASH_DASH_HDIMS", SUPPORTED_HDIMS, int)
+    return _env_list("FLASH_DASH_HDIMS", tuple(h.qk for h in variants.HEAD_DIMS), int)
 
 
 def selected_dtypes() -> list[str]:
-    return _env_list("FLASH_DASH_DTYPES", SUPPORTED_DTYPES, str)
+    return _env_list("FLASH_DASH_DTYPES", variants.DTYPES, str)
+
+
+def selected_variants() -> list[variants.Variant]:
+    """The table's translation units for the selected passes, head dims and dtypes."""
+    hdims, dtypes = selected_hdims(), selected_dtypes()
+    passes = _env_list("FLASH_DASH_PASSES", variants.PASSES, str)
+    return [v for v in variants.variants() if v.pass_ in passes and v.head.qk in hdims and v.dtype in dtypes]
 
 
 def kernel_sources() -> list[str]:
-    """Instantiation files for the selected passes, head dims and dtypes (relative paths)."""
-    hdims, dtypes = selected_hdims(), selected_dtypes()
-    passes = _env_list("FLASH_DASH_PASSES", SUPPORTED_PASSES, str)
-    out = []
-    for path in sorted((ROOT / "hopper" / "instantiations").glob("*.cu")):
-        m = re.fullmatch(r"(fwd|bwd)_hdim(\d+)_(\w+)\.cu", path.name)
-        if m and m.group(1) in passes and int(m.group(2)) in hdims and m.group(3) in dtypes:
-            out.append(str(path.relative_to(ROOT)))
-    return out
+    """Generated translation units of the selected variants (paths relative to the repository)."""
+    return [f"hopper/generated/{v.name}.cu" for v in selected_variants()]
 
 
 def compile_defines() -> list[str]:
-    """-D flags telling the binding which instantiations exist."""
-    defs = []
-    for src in kernel_sources():
-        stem = Path(src).stem.upper()
-        defs.append(f"-DFLASH_DASH_HAS_{stem}")
-    return defs
+    """-D flags telling the binding's kernel table (csrc/kernel_table.h) which instantiations exist."""
+    return [f"-DFLASH_DASH_HAS_{v.name.upper()}" for v in selected_variants()]
 
 
 def nvcc_flags() -> list[str]:
@@ -138,5 +135,7 @@ def _demangle(name: str) -> str:
 if __name__ == "__main__":
     if len(sys.argv) >= 2 and sys.argv[1] == "report":
         report(sys.argv[2:])
+    elif len(sys.argv) >= 2 and sys.argv[1] == "sources":
+        print(" ".join(kernel_sources()))
     else:
         print(__doc__)

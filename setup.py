@@ -8,6 +8,7 @@ FLASH_DASH_PREBUILT_DIR (a folder of `make kernels` objects to link instead of c
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 from pathlib import Path
@@ -18,9 +19,22 @@ ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT))
 import build_config  # noqa: E402
 
+# pip runs this file for metadata and then for the build; only the build says what it builds, and records it in
+# flash_attn_dash/_build_info.json, which `flash-attn-dash info` and flash_attn_dash.build_info() show (pip hides
+# this output unless -v).
+_BUILDING = any(cmd in sys.argv for cmd in ("build", "build_ext", "bdist_wheel", "editable_wheel", "develop",
+                                            "install"))
+BUILD_INFO = ROOT / "flash_attn_dash" / "_build_info.json"
+
 
 def _say(msg: str) -> None:
-    print(f"flash-attn-dash: {msg}", file=sys.stderr)
+    if _BUILDING:
+        print(f"flash-attn-dash: {msg}", file=sys.stderr)
+
+
+def _record(kernels: list[str], reason: str | None) -> None:
+    if _BUILDING:
+        BUILD_INFO.write_text(json.dumps({"kernels": kernels, "no_kernels_reason": reason}, indent=1) + "\n")
 
 
 def _why_no_cuda_build() -> str | None:
@@ -82,8 +96,10 @@ def _cuda_extension():
 reason = _why_no_cuda_build()
 if reason is None:
     ext_modules, cmdclass = _cuda_extension()
+    _record([v.name for v in build_config.selected_variants()], None)
 else:
     _say(f"NO CUDA KERNELS BUILT: {reason}. Installing the pure-Python parts (reference, schedule model, CLI).")
+    _record([], reason)
     ext_modules, cmdclass = [], {}
 
 setup(ext_modules=ext_modules, cmdclass=cmdclass)

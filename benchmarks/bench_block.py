@@ -51,7 +51,7 @@ MODELS = {
 }
 DEFAULT_MODELS = ["llama3-8b", "qwen2.5-7b", "vit-2048"]
 BLOCK_SEQLENS = [4096, 8192, 16384, 32768]
-BLOCK_IMPLS = ["dash-det", "dash-det-ascending", "dash", "sdpa"]
+BLOCK_IMPLS = ["dash-det", "dash-det-ascending", "dash", "fa4-det", "fa4", "sdpa"]
 QUICK_MODELS = ["llama3-8b"]
 QUICK_SEQLENS = [8192]
 REF_IMPL = "sdpa"

@@ -70,7 +70,7 @@ if [ "${#JSONS[@]}" = 0 ]; then
   exit $(( rc == 0 ? 1 : rc ))
 fi
 note "plot.py ${JSONS[*]}"
-"$PY" benchmarks/plot.py --baseline "${JSONS[@]}"
+"$PY" benchmarks/plot.py "${JSONS[@]}"
 r=$?
 [ "$rc" = 0 ] && rc=$r
 # Markdown last (block first, attention table at the very end)

@@ -3,7 +3,7 @@
     python benchmarks/update_readme.py [RESULT.json]
 
 The section sits between <!-- results:begin --> and <!-- results:end -->; every number in it comes from the
-named JSON file (same run: ours and cuDNN) or from benchmarks/h200_baselines.json (reference rows, marked).
+named JSON file: ours, FlashAttention-4 and cuDNN measured in the same run.
 """
 from __future__ import annotations
 
@@ -14,8 +14,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 BEGIN, END = "<!-- results:begin -->", "<!-- results:end -->"
-OURS = [("dash", "ours non-det"), ("dash-det", "ours det `auto`"), ("sdpa-cudnn", "cuDNN non-det")]
-REFS = [("best deterministic", "ref best det"), ("best non-deterministic", "ref best non-det")]
+BWD = [("dash", "ours non-det"), ("dash-det", "ours det `auto`"), ("fa4", "FA4 non-det"), ("fa4-det", "FA4 det"),
+       ("sdpa-cudnn", "cuDNN non-det")]
+FWD = [("dash", "ours"), ("fa4", "FA4"), ("sdpa-cudnn", "cuDNN")]
+# (label, numerator (impl, pass), denominator (impl, pass)) of the ratio table
+RATIOS = [("bwd det `auto` / FA4 det", ("dash-det", "bwd"), ("fa4-det", "bwd")),
+          ("bwd det `auto` / FA4 non-det", ("dash-det", "bwd"), ("fa4", "bwd")),
+          ("bwd non-det / FA4 non-det", ("dash", "bwd"), ("fa4", "bwd")),
+          ("fwd / FA4", ("dash", "fwd"), ("fa4", "fwd"))]
 
 
 def newest_attn_json(results: Path) -> Path:
@@ -25,38 +31,58 @@ def newest_attn_json(results: Path) -> Path:
     return runs[-1]
 
 
-def _cell(row: dict | None, pass_: str) -> str:
+def _tflops(row: dict | None, pass_: str) -> float | None:
     if row is None or row.get("status") != "ok" or not row.get(pass_):
+        return None
+    return row[pass_]["tflops"]
+
+
+def _cell(row: dict | None, pass_: str) -> str:
+    tf = _tflops(row, pass_)
+    if tf is None:
         return "–"
     star = "*" if pass_ == "bwd" and row.get("bitwise_repeat") else ""
-    return f"{row[pass_]['tflops']:.0f}{star}"
+    return f"{tf:.0f}{star}"
 
 
-def section(doc: dict, json_name: str, baselines: dict) -> str:
+def _label(s: int) -> str:
+    return f"{s // 1024}k" if s >= 1024 else str(s)
+
+
+def section(doc: dict, json_name: str) -> str:
+    """The README's results section: every number from one run (``json_name``), ours beside FA4 and cuDNN."""
     rows = {(r["impl"], r["hdim"], r["mask"], r["seqlen"]): r for r in doc["rows"]}
+    present = {r["impl"] for r in doc["rows"] if r.get("status") == "ok"}
     seqlens = sorted({r["seqlen"] for r in doc["rows"]})
-    refs = {(r["impl"], r["hdim"], r["mask"]): r["tflops"] for r in baselines["rows"]
-            if r["pass"] == "bwd" and r["impl"] in dict(REFS)}
-    head = "| hdim | mask | implementation | " + " | ".join(f"{s // 1024}k" if s >= 1024 else str(s) for s in seqlens) + " |"
-    lines = [
-        f"Backward TFLOP/s on one H200 from `benchmarks/results/{json_name}` "
-        f"({doc['meta'].get('date', '?')[:10]}, commit {str(doc['meta'].get('git_commit', '?'))[:7]}, "
-        "bf16, 16k tokens, hidden 2048; `*` = bit-identical gradients over 5 repeats). "
-        "Reference rows (italic) are the peers measured in `../shared/design/h200-baselines.md`.",
-        "",
-        head,
-        "|" + "---|" * (3 + len(seqlens)),
-    ]
-    for hdim in sorted({r["hdim"] for r in doc["rows"]}):
-        for mask in ("full", "causal"):
-            for impl, label in OURS:
-                cells = [_cell(rows.get((impl, hdim, mask, s)), "bwd") for s in seqlens]
-                lines.append(f"| {hdim} | {mask} | {label} | " + " | ".join(cells) + " |")
-            for impl, label in REFS:
-                tf = refs.get((impl, hdim, mask), {})
-                cells = [f"_{tf[str(s)]:.0f}_" if str(s) in tf else "–" for s in seqlens]
-                lines.append(f"| {hdim} | {mask} | _{label}_ | " + " | ".join(cells) + " |")
-    lines += ["", f"Forward, the full tables, charts and the determinism tax: `benchmarks/results/{Path(json_name).stem}.md`."]
+    hdims = sorted({r["hdim"] for r in doc["rows"]})
+    head = "| hdim | mask | implementation | " + " | ".join(_label(s) for s in seqlens) + " |"
+    rule = "|" + "---|" * (3 + len(seqlens))
+    meta = doc["meta"]
+    lines = [f"One H200, one run: `benchmarks/results/{json_name}` ({meta.get('date', '?')[:10]}, commit "
+             f"{str(meta.get('git_commit', '?'))[:7]}, FlashAttention-4 {meta.get('flash_attn_4') or 'not installed'}; "
+             "bf16, 16k tokens, hidden 2048; TFLOP/s; `*` = bit-identical gradients over 5 repeats).", "",
+             "Backward:", "", head, rule]
+    for pass_, impls in (("bwd", BWD), ("fwd", FWD)):
+        if pass_ == "fwd":
+            lines += ["", "Forward:", "", head, rule]
+        for hdim in hdims:
+            for mask in ("full", "causal"):
+                for impl, label in impls:
+                    if impl in present:
+                        cells = [_cell(rows.get((impl, hdim, mask, s)), pass_) for s in seqlens]
+                        lines.append(f"| {hdim} | {mask} | {label} | " + " | ".join(cells) + " |")
+    if "fa4" in present:
+        lines += ["", "Ratios to FlashAttention-4 (same run; > 1 means we are faster):", "", head.replace(
+            "implementation", "ratio"), rule]
+        for hdim in hdims:
+            for mask in ("full", "causal"):
+                for label, (ni, npass), (di, dpass) in RATIOS:
+                    cells = []
+                    for s in seqlens:
+                        n, d = _tflops(rows.get((ni, hdim, mask, s)), npass), _tflops(rows.get((di, hdim, mask, s)), dpass)
+                        cells.append(f"{n / d:.3f}" if n and d else "–")
+                    lines.append(f"| {hdim} | {mask} | {label} | " + " | ".join(cells) + " |")
+    lines += ["", f"Full tables, charts and the determinism tax: `benchmarks/results/{Path(json_name).stem}.md`."]
     return "\n".join(lines)
 
 
@@ -66,14 +92,13 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     path = Path(args.result) if args.result else newest_attn_json(ROOT / "benchmarks" / "results")
     doc = json.loads(path.read_text())
-    baselines = json.loads((ROOT / "benchmarks" / "h200_baselines.json").read_text())
     readme = ROOT / "README.md"
     text = readme.read_text()
     if BEGIN not in text or END not in text:
         raise SystemExit(f"README.md lacks the {BEGIN} / {END} markers")
     pre, rest = text.split(BEGIN, 1)
     _, post = rest.split(END, 1)
-    readme.write_text(pre + BEGIN + "\n" + section(doc, path.name, baselines) + "\n" + END + post)
+    readme.write_text(pre + BEGIN + "\n" + section(doc, path.name) + "\n" + END + post)
     print(f"README.md results section written from {path}")
     return 0
 

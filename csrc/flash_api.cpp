@@ -1,5 +1,5 @@
 // Torch binding: CUDA implementations of flash_attn_dash::fwd_out / bwd_out (schemas are defined in
-// flash_attn_dash/ops.py) and the table of kernel instantiations this build contains.
+// flash_attn_dash/ops.py); the kernels this build contains are listed in the generated kernel_table.h.
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
@@ -10,67 +10,30 @@
 #include <vector>
 
 #include "checks.h"
-#include "kernel_api.h"
+#include "kernel_table.h"
 
 namespace flash_dash {
 namespace {
-
-struct FwdEntry {
-    const char* name;
-    int head_dim;
-    at::ScalarType dtype;
-    void (*run)(FwdParams const&, cudaStream_t);
-};
-
-struct BwdEntry {
-    const char* name;
-    int head_dim;
-    at::ScalarType dtype;
-    size_t (*workspace_bytes)(BwdParams const&);
-    void (*run)(BwdParams const&, void*, cudaStream_t);
-};
-
-// FLASH_DASH_HAS_* come from setup.py, one per compiled file in hopper/instantiations/.
-#define FD_FWD(D, TAG, DT) {"fwd_hdim" #D "_" #TAG, D, DT, &run_fwd<TAG##_t, D>},
-#define FD_BWD(D, TAG, DT) {"bwd_hdim" #D "_" #TAG, D, DT, &bwd_workspace_bytes<TAG##_t, D>, &run_bwd<TAG##_t, D>},
-
-const std::vector<FwdEntry> kFwd = {
-#ifdef FLASH_DASH_HAS_FWD_HDIM64_BF16
-    FD_FWD(64, bf16, at::kBFloat16)
-#endif
-#ifdef FLASH_DASH_HAS_FWD_HDIM64_FP16
-    FD_FWD(64, fp16, at::kHalf)
-#endif
-#ifdef FLASH_DASH_HAS_FWD_HDIM128_BF16
-    FD_FWD(128, bf16, at::kBFloat16)
-#endif
-#ifdef FLASH_DASH_HAS_FWD_HDIM128_FP16
-    FD_FWD(128, fp16, at::kHalf)
-#endif
-};
-
-const std::vector<BwdEntry> kBwd = {
-#ifdef FLASH_DASH_HAS_BWD_HDIM64_BF16
-    FD_BWD(64, bf16, at::kBFloat16)
-#endif
-#ifdef FLASH_DASH_HAS_BWD_HDIM64_FP16
-    FD_BWD(64, fp16, at::kHalf)
-#endif
-#ifdef FLASH_DASH_HAS_BWD_HDIM128_BF16
-    FD_BWD(128, bf16, at::kBFloat16)
-#endif
-#ifdef FLASH_DASH_HAS_BWD_HDIM128_FP16
-    FD_BWD(128, fp16, at::kHalf)
-#endif
-};
 
 template <typename Entry>
 const Entry& find_entry(const std::vector<Entry>& table, int head_dim, at::ScalarType dtype, const char* what) {
     for (const auto& e : table) {
         if (e.head_dim == head_dim && e.dtype == dtype) return e;
     }
-    TORCH_CHECK(false, "no ", what, " kernel compiled for head_dim ", head_dim, " and dtype ", dtype,
-                "; rebuild with FLASH_DASH_HDIMS / FLASH_DASH_DTYPES including it");
+    TORCH_CHECK_VALUE(false, "no ", what, " kernel compiled for head_dim ", head_dim, " and dtype ", dtype,
+                      "; rebuild with FLASH_DASH_HDIMS / FLASH_DASH_DTYPES including it");
+}
+
+// Runs a kernel entry point: a std::invalid_argument (a launch the launcher refuses before launching) becomes
+// a ValueError; afterwards, the launch status is checked.
+template <typename Run>
+void launch_checked(Run&& run) {
+    try {
+        run();
+    } catch (const std::invalid_argument& e) {
+        TORCH_CHECK_VALUE(false, e.what());
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
 
 TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -98,7 +61,6 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.head_dim = q.size(3);
     p.softmax_scale = static_cast<float>(scale);
     p.is_causal = causal;
-    p.is_bf16 = q.scalar_type() == at::kBFloat16;
     p.num_sms = grid_size(q, sm_margin);
 }
 
@@ -135,19 +97,15 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     p.out = out.data_ptr();
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
-    const auto& entry = find_entry(kFwd, p.head_dim, q.scalar_type(), "forward");
-    try {  // the launch refuses a bad FLASH_DASH_FWD_L2_PREFETCH before launching
-        entry.run(p, c10::cuda::getCurrentCUDAStream());
-    } catch (const std::invalid_argument& e) {
-        TORCH_CHECK_VALUE(false, e.what());
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    const auto& entry = find_entry(fwd_kernels(), p.head_dim, q.scalar_type(), "forward");
+    launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
 }
 
 void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
-             int64_t schedule, int64_t sm_margin, const c10::optional<at::Tensor>& timeline) {
+             int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
+             const c10::optional<at::Tensor>& timeline) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin);
@@ -157,8 +115,12 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     check_output(dk, "dk", k);
     check_output(dv, "dv", v);
     check_lse(lse, q);
-    TORCH_CHECK(schedule >= 0 && schedule <= static_cast<int64_t>(Schedule::kSymmetricShift),
-                "schedule id must be in [0, 3], got ", schedule);
+    TORCH_CHECK_VALUE(schedule >= 0 && schedule < kNumSchedules, "schedule id must be in [0, ", kNumSchedules,
+                      "), got ", schedule);
+    TORCH_CHECK_VALUE(grid >= 1 && grid <= p.num_sms, "grid must be in [1, ", p.num_sms, "] (SM count - sm_margin), got ",
+                      grid);
+    TORCH_CHECK_VALUE(claim_group >= 1 && claim_group <= INT32_MAX, "claim_group must be a positive int32, got ",
+                      claim_group);
     p.out = out.data_ptr();
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
@@ -172,24 +134,21 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     p.dv_stride = strides_of(dv);
     p.deterministic = deterministic;
     p.schedule = static_cast<Schedule>(schedule);
+    p.grid = static_cast<int>(grid);
+    p.claim_group = static_cast<int>(claim_group);
     p.order_trace = static_cast<int*>(debug_buffer(order_trace, at::kInt, 0, q,
         "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)"));
     p.timeline = static_cast<long long*>(debug_buffer(timeline, at::kLong, 5, q,
         "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)"));
-    const auto& entry = find_entry(kBwd, p.head_dim, q.scalar_type(), "backward");
+    const auto& entry = find_entry(bwd_kernels(), p.head_dim, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
-    try {
-        entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream());
-    } catch (const std::invalid_argument& e) {
-        TORCH_CHECK_VALUE(false, e.what());
-    }
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    launch_checked([&] { entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()); });
 }
 
 std::vector<std::string> instantiations() {
     std::vector<std::string> names;
-    for (const auto& e : kFwd) names.emplace_back(e.name);
-    for (const auto& e : kBwd) names.emplace_back(e.name);
+    for (const auto& e : fwd_kernels()) names.emplace_back(e.name);
+    for (const auto& e : bwd_kernels()) names.emplace_back(e.name);
     return names;
 }
 

@@ -15,6 +15,7 @@ _LAZY = {
     "backward_schedule_used": "interface",
     "attention_ref": "reference",
     "kernels_available": "_ext",
+    "build_info": "_ext",
     "SCHEDULES": "checks",
     "set_debug": "debug",
 }

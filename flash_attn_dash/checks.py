@@ -6,12 +6,13 @@ from dataclasses import dataclass
 
 import torch
 
-SCHEDULES = ("auto", "ascending", "descending", "shift", "symmetric_shift")
-# Schedules that exist for one mask only: the value is `causal`.
-MASK_ONLY = {"shift": False, "symmetric_shift": True}
+from . import variants
+from .launch import check_schedule
+
+SCHEDULES = ("auto",) + variants.SCHEDULE_NAMES
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
-KERNEL_HEAD_DIMS = (64, 128)
+KERNEL_HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
 # TMA needs 16-byte aligned bases and strides; CuTe shapes are 32-bit ints.
 _ALIGN_BYTES = 16
 _INT32_MAX = 2**31 - 1
@@ -49,12 +50,7 @@ def check_options(
     _require_bool("causal", causal)
     _require_bool("deterministic", deterministic)
     _require_bool("return_lse", return_lse)
-    if not isinstance(schedule, str) or schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {', '.join(repr(s) for s in SCHEDULES)}; got {schedule!r}")
-    if schedule in MASK_ONLY and MASK_ONLY[schedule] != causal:
-        mask = "causal" if MASK_ONLY[schedule] else "full"
-        raise ValueError(f"schedule={schedule!r} is defined for {mask} masks only (causal={causal}); "
-                         "use 'auto', 'ascending' or 'descending'")
+    check_schedule(schedule, causal)
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int):
         raise TypeError(f"sm_margin must be an int >= 0, got {type(sm_margin).__name__}")
     if sm_margin < 0:
@@ -90,10 +86,17 @@ def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnShap
     return AttnShape(b, sq, sk, h, hk, d)
 
 
+def check_kernel_head_dim(head_dim: int) -> None:
+    """Raise ValueError unless the variant table has kernels for ``head_dim`` (on any device: what a GPU build
+    accepts)."""
+    if head_dim not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {KERNEL_HEAD_DIMS} for the kernels (flash_attn_dash/variants.py "
+                         f"lists them; CPU tensors run the reference for any head dim), got {head_dim}")
+
+
 def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compiled_head_dims: tuple[int, ...]) -> None:
     """Constraints of the sm90 kernels: head dim, strides, alignment, 32-bit sizes, architecture."""
-    if head_dim not in KERNEL_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {KERNEL_HEAD_DIMS} on CUDA, got {head_dim}")
+    check_kernel_head_dim(head_dim)
     if head_dim not in compiled_head_dims:
         raise ValueError(
             f"head_dim {head_dim} was not compiled into this build (compiled: {compiled_head_dims}); "

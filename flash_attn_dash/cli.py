@@ -14,14 +14,14 @@ import time
 from collections.abc import Sequence
 from typing import NoReturn
 
-from . import __version__
-from .schedule.auto import Prediction, choose, predict
+from . import __version__, variants
+from .launch import bwd_launch
+from .schedule.auto import Prediction, auto_reason, model_choice, predict
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
-from .schedule.orders import nondeterministic_walk
-from .schedule.tiles import TileGrid, bwd_tile_shape
+from .schedule.tiles import bwd_tile_shape
 
-_HEAD_DIMS = (64, 128)
+_HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
 
 
 def _int_at_least(minimum: int, what: str):
@@ -103,7 +103,30 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--max-ctas", type=_positive_int, default=16,
                       help="CTAs drawn per panel, sampled evenly (default 16)")
     plan.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    sub.add_parser("info", help="what this install built and what the variant table holds",
+                   description="Print the kernels this install built (or why none were), the variant table's head "
+                               "dims and tiles, and the backward schedules.")
     return parser, plan
+
+
+def _info() -> int:
+    """``flash-attn-dash info``: the build and the variant table, no GPU needed."""
+    from ._ext import build_info
+
+    info = build_info()
+    print(f"flash-attn-dash {__version__}")
+    if info["kernels"]:
+        print(f"kernels built: {', '.join(info['kernels'])} (extension {'loaded' if info['loaded'] else 'NOT loaded'}"
+              + (f": {info['import_error']}" if not info["loaded"] else "") + ")")
+    else:
+        print(f"NO CUDA KERNELS BUILT: {info['no_kernels_reason']} (CPU tensors run the PyTorch reference)")
+    for h in variants.HEAD_DIMS:
+        f, c, b = h.fwd_full, h.fwd_causal, h.bwd
+        print(f"head dim {h.qk if h.qk == h.v else (h.qk, h.v)}: forward {f.block_m}x{f.block_n} (full), "
+              f"{c.block_m}x{c.block_n} (causal); backward {b.block_m}x{b.block_n}")
+    for sch in variants.SCHEDULES:
+        print(f"schedule {sch.name} (id {sch.id}): {'/'.join(sch.masks)} masks, {sch.grid} grid")
+    return 0
 
 
 def _progress(label: str):
@@ -150,8 +173,14 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     r = r if args.r is None else args.r
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
                           progress=_progress(f"{mask} seqlen {args.seqlen}"))
-    pick, reason = choose(predictions, mask, args.hdim, seqlen_k)
-    nondet = nondeterministic_walk(TileGrid(mask, args.seqlen, seqlen_k, block_m, block_n))
+    # What the kernels run (flash_attn_dash.launch decides it), beside what the model alone would pick.
+    det = bwd_launch(args.causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto")
+    pick = det.requested
+    reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k)
+    if det.fallback:
+        reason += f"; runs {det.schedule} here ({det.fallback})"
+    reason += f"; the model alone picks {model_choice(predictions).schedule}"
+    nondet = bwd_launch(args.causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False).schedule
     base = next(p for p in predictions if p.schedule == "ascending").makespan
     num_m, num_n = -(-args.seqlen // block_m), -(-seqlen_k // block_n)
     if args.json:
@@ -197,6 +226,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``flash-attn-dash`` console script; returns the exit status."""
     parser, plan = _parsers()
     args = parser.parse_args(argv)
+    if args.command == "info":
+        return _info()
     return _plan(args, plan)
 
 

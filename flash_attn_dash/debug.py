@@ -5,7 +5,8 @@ tile, no CTA waiting on a contribution that can only come after it); debug mode 
 :meth:`flash_attn_dash.schedule.Plan.check` for the exact shape, schedule and grid size (SM count - sm_margin) of each
 call and raises :class:`flash_attn_dash.schedule.ScheduleError` instead of launching a kernel that would hang.
 Non-deterministic backwards wait only for the first (rank 0) contribution of each dQ tile, a subset of the
-deterministic waits of the same walk, so the same check covers them.
+deterministic waits of the same walk, so the same check covers them. The launch itself (order, grid size, claim group)
+must also equal what the model plans for the call.
 
 Enable with ``FLASH_ATTN_DASH_DEBUG=1`` in the environment or :func:`set_debug`. Checks cost a model walk over all
 steps of the call (about a second per 10^7 steps) and are cached per shape.
@@ -14,6 +15,10 @@ from __future__ import annotations
 
 import os
 from functools import lru_cache
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .launch import BwdLaunch
 
 ENV_VAR = "FLASH_ATTN_DASH_DEBUG"
 _override: bool | None = None
@@ -36,13 +41,16 @@ def debug_enabled() -> bool:
 
 
 @lru_cache(maxsize=256)
-def check_backward_schedule(causal: bool, batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int,
-                            head_dim: int, num_sms: int, schedule: str) -> None:
-    """Raise ScheduleError unless ``schedule`` (already resolved: what the kernel runs) is complete, consistently
-    ranked and deadlock-free on a grid of ``num_sms`` CTAs for this shape."""
-    from .schedule import build_plan, bwd_tile_shape
+def check_backward_launch(causal: bool, batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int,
+                          head_dim: int, num_sms: int, launch: BwdLaunch) -> None:
+    """Raise ScheduleError unless ``launch`` (what the kernel will run) is the model's plan for this call and that plan
+    is complete, consistently ranked and deadlock-free on its grid."""
+    from .schedule import ScheduleError, build_plan, bwd_tile_shape
 
     block_m, block_n = bwd_tile_shape(head_dim, causal)
     plan = build_plan("causal" if causal else "full", seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms,
-                      schedule, heads_kv=heads_kv)
+                      launch.schedule, heads_kv=heads_kv, claim_heads=launch.claim_group)
+    if (plan.schedule_used, plan.num_ctas) != (launch.schedule, launch.grid):
+        raise ScheduleError(f"launch {launch} disagrees with the model's plan ({plan.schedule_used} on {plan.num_ctas} "
+                            "CTAs)")
     plan.check()

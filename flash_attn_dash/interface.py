@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import torch
 
-from . import checks
-from .ops import resolve_schedule
+from . import _ext, checks, ops  # noqa: F401  (ops defines the custom ops this module calls)
+from .launch import bwd_launch
+
+_ext.warn_if_gpu_without_kernels()
 
 
 def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
@@ -19,16 +21,24 @@ def backward_schedule_used(
     schedule: str = "auto",
     sm_margin: int = 0,
 ) -> str:
-    """The dQ accumulation order the backward of ``flash_attn_func`` will use for these arguments.
+    """The dQ accumulation order the backward of ``flash_attn_func(q, k, v, ...)`` will run with these arguments.
 
-    Non-deterministic backwards add dQ in no fixed order; they walk "symmetric_shift" (causal masks where it
-    applies: same work per CTA) or "ascending", whatever ``schedule`` says.
-    ``auto`` asks the schedule model (flash_attn_dash.schedule) for the fastest order the kernels implement;
-    on CPU tensors (reference path) it reports what an H200's 132 SMs would use.
+    ``q`` and ``k`` are checked exactly as ``flash_attn_func`` checks them (``v`` is taken to be shaped like ``k``).
+    The answer is the GPU kernels' on any device: on CPU tensors (where ``flash_attn_func`` runs the reference) it is
+    what an H200 (132 SMs) would run, and it raises what a GPU build would raise (a head dim without kernels, an
+    ``sm_margin`` that leaves no SM). Deterministic backwards run ``schedule`` (``"auto"``: the committed rule of
+    :func:`flash_attn_dash.schedule.auto.auto_schedule`), or its fallback where the shape breaks its assumptions;
+    non-deterministic backwards add dQ in no fixed order and walk the fastest balanced order
+    (``variants.NONDETERMINISTIC_WALKS``) whatever ``schedule`` says.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"k must be a torch.Tensor, got {type(k).__name__}")
+    shape = checks.check_tensors(q, k, k)
+    checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
-    return resolve_schedule(schedule, causal, deterministic, tuple(q.shape), k.shape[1], num_sms)
+    return bwd_launch(causal, shape.head_dim, shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, num_sms,
+                      deterministic, schedule).schedule
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -74,8 +84,9 @@ def flash_attn_func(
             rows that see no key return 0 with lse = -inf.
         deterministic: make dq/dk/dv bitwise reproducible run to run by fixing the order of the dQ
             (and, for GQA, dK/dV) reductions.
-        schedule: the order of those reductions: "auto", "ascending", "descending", "shift",
-            "symmetric_shift" (only used when deterministic=True).
+        schedule: the order of those reductions: "auto", "ascending", "descending", "shift" (full masks),
+            "symmetric_shift" (causal masks). It is validated in both modes (so flipping ``deterministic`` never
+            turns a valid call into an error) but only deterministic backwards use it.
         sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
         return_lse: also return the log-sum-exp (batch, heads, seqlen_q), fp32, natural log
             (not differentiable).

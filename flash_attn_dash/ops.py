@@ -3,62 +3,16 @@
 They run the sm90 kernels on CUDA tensors and the PyTorch reference on CPU tensors, and have fake
 (meta) implementations so ``torch.compile(fullgraph=True)`` and CUDA graphs can trace them.
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
-caller buffers; tests use them to poison outputs and to read the dQ accumulation-order trace, and
-``flash_attn_dash.bwd_timeline`` passes ``bwd_out`` a buffer for the store warps' timeline (diagnostic builds).
+caller buffers; ``bwd_out`` takes a resolved launch (:mod:`flash_attn_dash.launch`), which :func:`bwd_into`
+decides and passes. Tests use them to poison outputs and to read the dQ accumulation-order trace.
 """
 from __future__ import annotations
 
 import torch
 
 from . import _ext, checks, debug
+from .launch import BwdLaunch, bwd_launch
 from .reference import attention_ref, attention_ref_bwd
-
-SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
-# Orders the compiled backward implements (hopper/bwd_schedule.hpp), the same the planner models.
-KERNEL_SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
-
-
-def resolve_schedule(
-    schedule: str, causal: bool, deterministic: bool, q_shape, seqlen_k: int, num_sms: int
-) -> str:
-    """The dQ order a backward call runs ("auto" asks the schedule model).
-
-    Non-deterministic backwards ignore ``schedule`` (their dQ adds are unordered) and walk the tiles the fastest
-    way: for causal masks "symmetric_shift" where it applies (equal work per CTA on the pair grid), else
-    "descending"; for full masks "shift". symmetric_shift outside its assumptions (seqlen_q != seqlen_k, odd
-    K/V tile count) runs "descending". ``shift`` stays "shift": only (head, wave) groups with more K/V tiles in
-    flight than Q tiles fall back. The kernel's launcher applies the same rules (hopper/bwd_schedule.hpp,
-    choose_launch).
-    """
-    if not deterministic or schedule == "symmetric_shift":
-        from .schedule.orders import nondeterministic_walk, symmetric_shift_fallback
-        from .schedule.tiles import TileGrid, bwd_tile_shape
-
-        block_m, block_n = bwd_tile_shape(q_shape[3], causal)
-        grid = TileGrid("causal" if causal else "full", q_shape[1], seqlen_k, block_m, block_n)
-        if not deterministic:
-            return nondeterministic_walk(grid)
-        return "descending" if symmetric_shift_fallback(grid) else schedule
-    if schedule != "auto":
-        return schedule
-    from .schedule.auto import choose_schedule
-
-    b, sq, h, d = q_shape
-    name, _reason = choose_schedule(
-        "causal" if causal else "full", d, sq, seqlen_k, b, h, num_sms, allowed=KERNEL_SCHEDULES
-    )
-    return name
-
-
-def _resolve_for_launch(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
-                        num_sms: int) -> str:
-    """resolve_schedule for this call; in debug mode also prove the order for its grid (flash_attn_dash.debug)."""
-    used = resolve_schedule(schedule, causal, deterministic, q.shape, k.shape[1], num_sms)
-    if debug.debug_enabled():
-        b, sq, h, d = q.shape
-        debug.check_backward_schedule(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, used)
-    return used
-
 
 torch.library.define(
     "flash_attn_dash::fwd_out",
@@ -69,8 +23,19 @@ torch.library.define(
     "flash_attn_dash::bwd_out",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
-    "int schedule, int sm_margin, Tensor(e!)? timeline=None) -> ()",
+    "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None) -> ()",
 )
+
+
+def launch_for(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
+               num_sms: int) -> BwdLaunch:
+    """The resolved backward launch of this call; in debug mode also prove its order for the grid it launches on
+    (:mod:`flash_attn_dash.debug`)."""
+    b, sq, h, d = q.shape
+    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule)
+    if debug.debug_enabled():
+        debug.check_backward_launch(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, launch)
+    return launch
 
 
 def check_cuda_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_margin: int) -> None:
@@ -81,6 +46,19 @@ def check_cuda_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_marg
     _ext.require_kernels()
     checks.check_kernel_inputs({"q": q, "k": k, "v": v}, q.shape[-1], _ext.compiled_head_dims(q.dtype))
     checks.check_sm_margin(sm_margin, q.device)
+
+
+def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
+             causal: bool, deterministic: bool, schedule: str, sm_margin: int = 0,
+             order_trace: torch.Tensor | None = None, timeline: torch.Tensor | None = None) -> BwdLaunch:
+    """Run the CUDA backward into ``dq``/``dk``/``dv`` (and the optional debug buffers); returns the launch used."""
+    num_sms = checks.check_sm_margin(sm_margin, q.device)
+    launch = launch_for(q, k, causal, deterministic, schedule, num_sms)
+    torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
+                                      deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
+                                      timeline)
+    return launch
 
 
 def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
@@ -128,7 +106,7 @@ def bwd(
     """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
     if not q.is_cuda:
         if debug.debug_enabled():  # the order an H200 would run
-            _resolve_for_launch(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
+            launch_for(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
         return attention_ref_bwd(dout, q, k, v, softmax_scale, causal)
     _ext.require_kernels()
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -136,11 +114,7 @@ def bwd(
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0:
         return dq.zero_(), dk.zero_(), dv.zero_()
-    num_sms = checks.check_sm_margin(sm_margin, q.device)
-    used = _resolve_for_launch(q, k, causal, deterministic, schedule, num_sms)
-    torch.ops.flash_attn_dash.bwd_out(
-        dout, q, k, v, out, lse, dq, dk, dv, None, softmax_scale, causal, deterministic, SCHEDULE_IDS[used], sm_margin
-    )
+    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
     return dq, dk, dv
 
 

@@ -4,11 +4,9 @@
 """
 import torch
 
-import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
-from flash_attn_dash.ops import KERNEL_SCHEDULES, SCHEDULE_IDS
+from flash_attn_dash import variants
+from flash_attn_dash.ops import bwd_into
 from flash_attn_dash.reference import attention_ref
-
-MASK_ONLY = {"shift": False, "symmetric_shift": True}
 
 
 def main():
@@ -16,9 +14,10 @@ def main():
     b, h, hk = 1, 2, 1  # GQA
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
     cases = [(200, 300, False), (200, 300, True), (256, 256, True)]
-    for d in (64, 128):
+    for d in (h.qk for h in variants.HEAD_DIMS):
         for sq, sk, causal in cases:
-            runs = [(False, "ascending")] + [(True, s) for s in KERNEL_SCHEDULES if MASK_ONLY.get(s, causal) == causal]
+            mask = "causal" if causal else "full"
+            runs = [(False, "auto")] + [(True, s) for s in variants.schedules_for(mask)]
             for det, sched in runs:
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
@@ -26,8 +25,8 @@ def main():
                 with torch.no_grad():
                     o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                torch.ops.flash_attn_dash.bwd_out(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv,
-                                                  None, d ** -0.5, causal, det, SCHEDULE_IDS[sched], 0)
+                bwd_into(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv, d ** -0.5, causal, det,
+                         sched)
                 torch.cuda.synchronize()
                 print(f"ok d={d} sq={sq} sk={sk} causal={causal} det={det} schedule={sched}")
 

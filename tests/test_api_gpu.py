@@ -94,13 +94,13 @@ def test_debug_mode_checks_and_changes_nothing(deterministic):
         return torch.autograd.grad(out.float().square().sum(), (q, k, v))
 
     plain = grads()
-    debug.check_backward_schedule.cache_clear()
+    debug.check_backward_launch.cache_clear()
     flash_attn_dash.set_debug(True)
     try:
         checked = grads()
     finally:
         flash_attn_dash.set_debug(None)
-    assert debug.check_backward_schedule.cache_info().misses == 1
+    assert debug.check_backward_launch.cache_info().misses == 1
     for a, b in zip(plain, checked):
         if deterministic:
             assert torch.equal(a, b)

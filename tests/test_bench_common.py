@@ -133,7 +133,7 @@ def test_block_plan():
     args = bblock.build_parser().parse_args(["--quick"])
     shapes, impls = bblock.plan(args)
     assert shapes == [("llama3-8b", 8192)]
-    assert impls[0] == "sdpa" and set(impls) == {"sdpa", "dash", "dash-det", "dash-det-ascending"}
+    assert impls[0] == "sdpa" and set(impls) == {"sdpa", "dash", "dash-det", "dash-det-ascending", "fa4", "fa4-det"}
     shapes, _ = bblock.plan(bblock.build_parser().parse_args([]))
     assert len(shapes) == 12 and {m for m, _ in shapes} == set(bblock.DEFAULT_MODELS)
     assert {s for _, s in shapes} == {4096, 8192, 16384, 32768}
@@ -477,7 +477,7 @@ def _run(args, env_extra=None):
                           timeout=120, env=env)
 
 
-@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py", "fwd_overhead.py"])
+@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py"])
 def test_cli_help(script):
     r = _run([os.path.join("benchmarks", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -492,70 +492,31 @@ def test_cli_dry_run_and_no_cuda():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the no-CUDA exit path is not reachable")
-    for script, args in (("bench_attn.py", ["--quick"]), ("bench_block.py", ["--quick"]), ("fwd_overhead.py", [])):
+    for script, args in (("bench_attn.py", ["--quick"]), ("bench_block.py", ["--quick"])):
         r = _run([os.path.join("benchmarks", script)] + args)
         assert r.returncode == 2, (r.stdout, r.stderr)
         assert "no CUDA device" in r.stderr and "Traceback" not in r.stderr
 
 
-def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
-    from benchmarks import fwd_overhead as fo
-
-    launch, tile, block = 0.004, 0.02, 0.011  # ms; overhead = tile / block steps
-    rows = [{"batch": b, "blocks": n, "ms": launch + b * (tile + n * block)} for b in (8, 4) for n in (4, 8, 16, 32, 64)]
-    fit = fo.fit_overhead(rows, "ms")
-    assert math.isclose(fit["launch_ms"], launch, rel_tol=1e-6)
-    assert math.isclose(fit["overhead_steps"], tile / block, rel_tol=1e-6)
-    assert fo.least_squares([(1, 0), (1, 1), (1, 2)], [1, 3, 5]) == pytest.approx([1, 2])
-    with pytest.raises(ValueError, match="do not determine"):  # one batch size: launch and tile terms collide
-        fo.fit_overhead([r for r in rows if r["batch"] == 8], "ms")
-    with pytest.raises(ValueError, match="one feature row per y"):
-        fo.least_squares([(1.0,)], [1.0, 2.0])
-    r = _run(["benchmarks/fwd_overhead.py", "--seqlen-k", "2k,2k"])
-    assert r.returncode == 2 and "two distinct" in r.stderr
-
-
-def test_fwd_variants_toggle_parsing_and_env_restore(monkeypatch):
-    import argparse
-
-    from benchmarks import fwd_variants as fv
-
-    assert fv.parse_toggle("FLASH_DASH_FWD_L2_PREFETCH=0,1") == ("FLASH_DASH_FWD_L2_PREFETCH", ["0", "1"])
-    for bad in ("X=1", "X", "=0,1", "X=,"):
-        with pytest.raises(argparse.ArgumentTypeError, match="NAME=V1,V2"):
-            fv.parse_toggle(bad)
-    monkeypatch.setenv("FDASH_TEST_KNOB", "keep")
-    with fv.env_set("FDASH_TEST_KNOB", "1"):
-        assert os.environ["FDASH_TEST_KNOB"] == "1"
-    assert os.environ["FDASH_TEST_KNOB"] == "keep"
-    monkeypatch.delenv("FDASH_TEST_KNOB")
-    with pytest.raises(RuntimeError):
-        with fv.env_set("FDASH_TEST_KNOB", "0"):
-            raise RuntimeError("restored on the way out")
-    assert "FDASH_TEST_KNOB" not in os.environ
-    with fv.env_set(None, "ignored"):
-        assert "FDASH_TEST_KNOB" not in os.environ
-    for script in ("fwd_variants.py", "fwd_overhead.py"):
-        r = _run([os.path.join("benchmarks", script), *(["x"] if script == "fwd_variants.py" else []),
-                  "--toggle", "X=1"])
-        assert r.returncode == 2 and "two or more values" in r.stderr, (script, r.stderr)
-
-
 def test_readme_section_uses_only_the_named_run(tmp_path):
-    from pathlib import Path
-
     from benchmarks import update_readme as mod
 
-    root = Path(ROOT)
-    row = {"impl": "dash-det", "hdim": 128, "mask": "causal", "seqlen": 8192, "status": "ok",
-           "bwd": {"tflops": 512.4}, "bitwise_repeat": True}
-    doc = {"meta": {"date": "2026-11-30T00:00:00", "git_commit": "abcdef123"}, "rows": [row]}
-    baselines = json.loads((root / "benchmarks" / "h200_baselines.json").read_text())
-    text = mod.section(doc, "run.json", baselines)
+    def row(impl, bwd, fwd=None, bitwise=True):
+        return {"impl": impl, "hdim": 128, "mask": "causal", "seqlen": 8192, "status": "ok", "bitwise_repeat": bitwise,
+                "bwd": {"tflops": bwd}, "fwd": {"tflops": fwd} if fwd else None}
+
+    rows = [row("dash-det", 512.4, 600.0), row("dash", 520.0, 601.0, False), row("fa4-det", 500.0, 640.0),
+            row("fa4", 560.0, 640.0, False), row("sdpa-cudnn", 480.0, 590.0, False)]
+    doc = {"meta": {"date": "2026-12-01T00:00:00", "git_commit": "abcdef123", "flash_attn_4": "4.0.0b36"}, "rows": rows}
+    text = mod.section(doc, "run.json")
     assert "| 128 | causal | ours det `auto` | 512* |" in text
-    assert "| 128 | causal | ours non-det | – |" in text
-    assert "_491_" in text  # reference best deterministic, hdim 128 causal 8k
-    assert "commit abcdef1" in text
+    assert "| 128 | causal | FA4 non-det | 560 |" in text and "| 128 | causal | cuDNN non-det | 480 |" in text
+    assert "| 128 | causal | FA4 | 640 |" in text  # forward table
+    assert f"| 128 | causal | bwd det `auto` / FA4 det | {512.4 / 500.0:.3f} |" in text
+    assert f"| 128 | causal | fwd / FA4 | {601.0 / 640.0:.3f} |" in text  # the non-det row's forward
+    assert "commit abcdef1" in text and "4.0.0b36" in text and "_" not in text.split("\n")[4]
+    no_fa4 = mod.section({"meta": doc["meta"], "rows": rows[:2]}, "run.json")
+    assert "FA4" not in no_fa4.split("Full tables")[0].split("FlashAttention-4")[1] and "Ratios" not in no_fa4
 
 
 def test_record_failure_skips_our_value_errors_and_records_the_rest():

@@ -13,6 +13,8 @@ import time
 import pytest
 import torch
 
+from flash_attn_dash import variants
+
 
 def _sm90_kernels() -> bool:
     try:
@@ -32,23 +34,22 @@ pytestmark = [
 ]
 
 DTYPES = [torch.bfloat16, torch.float16]
-HDIMS = [64, 128]
+HDIMS = [h.qk for h in variants.HEAD_DIMS]
 SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
 HEAD_CONFIGS = [(1, 1, 1), (3, 6, 6), (3, 6, 2), (1, 6, 1)]
-SCHEDULES = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
-# Each schedule with the masks it applies to (shift: full only, symmetric_shift: causal only; the other combination is
-# rejected with a ValueError, see test_bwd_schedule_mask_mismatch_raises): parametrize over these pairs, so that no
-# inapplicable combination is collected as a passing test.
-SCHEDULE_MASKS = [(name, causal) for name in SCHEDULES for causal in (False, True)
-                  if {"shift": False, "symmetric_shift": True}.get(name, causal) == causal]
+# Each schedule with the masks it applies to (variants.SCHEDULES; the other combinations are rejected with a
+# ValueError, see test_bwd_schedule_mask_mismatch_raises): parametrize over these pairs, so that no inapplicable
+# combination is collected as a passing test.
+SCHEDULE_MASKS = [(s.name, causal) for s in variants.SCHEDULES for causal in (False, True)
+                  if ("causal" if causal else "full") in s.masks]
 SCHEDULE_MASK_IDS = [f"{name}-{'causal' if causal else 'full'}" for name, causal in SCHEDULE_MASKS]
 WATCHDOG_S = 10.0
 
 
 def _blocks(d: int) -> tuple[int, int]:
-    return (128, 128) if d <= 64 else (64, 128)
+    return variants.bwd_tile(d)
 
 
 def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
@@ -65,11 +66,12 @@ def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
 
 
 def _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, schedule, sm_margin=0, trace=None):
-    """Low-level backward writing into dq/dk/dv (and the dQ arrival-order trace if given)."""
-    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+    """Low-level backward writing into dq/dk/dv (and the dQ arrival-order trace if given), with the launch
+    flash_attn_dash.launch decides for ``schedule``."""
+    from flash_attn_dash.ops import bwd_into
 
-    torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, trace, q.shape[-1] ** -0.5, causal,
-                                      deterministic, schedule, sm_margin)
+    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, q.shape[-1] ** -0.5, causal, deterministic, schedule, sm_margin,
+             order_trace=trace)
     return dq, dk, dv
 
 
@@ -126,7 +128,7 @@ def _wait(stream=None, timeout=WATCHDOG_S):
 @pytest.mark.parametrize("b,h,hk", HEAD_CONFIGS)
 def test_bwd_matches_reference(b, h, hk, sq, sk, schedule, deterministic, causal, d, dtype):
     q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, dtype, causal)
-    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, SCHEDULES[schedule])
+    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, schedule)
     _wait()
     _check_grads(q, k, v, dout, grads, causal)
 
@@ -137,7 +139,7 @@ def test_bwd_matches_reference(b, h, hk, sq, sk, schedule, deterministic, causal
 @pytest.mark.parametrize("sq,sk", BIG_SHAPES)
 def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
     q, k, v, dout, out, lse = _inputs(1, sq, sk, 2, 1, d, torch.bfloat16, causal)
-    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, SCHEDULES[schedule])
+    grads = _bwd(dout, q, k, v, out, lse, causal, deterministic, schedule)
     _wait(timeout=60)
     _check_grads(q, k, v, dout, grads, causal)
 
@@ -146,15 +148,42 @@ def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False)])
 def test_bwd_schedule_mask_mismatch_raises(schedule, causal, deterministic, d):
-    """shift needs the full mask, symmetric_shift the causal one: the launch template throws std::invalid_argument
-    before launching anything, which the binding maps to ValueError; the outputs stay untouched."""
+    """shift needs the full mask, symmetric_shift the causal one: the Python decider refuses them by name, and the
+    launcher refuses the same policy id if it reaches it directly (std::invalid_argument -> ValueError), before
+    launching anything; the outputs stay untouched."""
     q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, d, torch.bfloat16, causal)
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    with pytest.raises(ValueError, match="is defined for (full|causal) masks only"):
+        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, schedule)
     with pytest.raises(ValueError, match="needs the (full|causal) mask"):
-        _bwd_into(dout, q, k, v, out, lse, dq, dk, dv, causal, deterministic, SCHEDULES[schedule])
+        torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, d ** -0.5, causal,
+                                          deterministic, variants.schedule(schedule).id, 1, 1, 0)
     torch.cuda.synchronize()
     for x in (dq, dk, dv):
         assert torch.isnan(x).all(), "a kernel ran although the schedule/mask combination was rejected"
+
+
+@pytest.mark.parametrize("d", HDIMS)
+def test_bwd_launcher_refuses_a_bad_launch(d):
+    """The launcher checks the resolved launch it is given: a grid outside [1, SMs - margin] or beyond the work units,
+    a claim group outside [1, B*H], symmetric_shift on a shape it does not support, or a non-deterministic launch of
+    an order no non-deterministic kernel walks, each a ValueError before any launch."""
+    q, k, v, dout, out, lse = _inputs(1, 256, 384, 2, 2, d, torch.bfloat16, True)
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    desc, sym, asc = (variants.schedule(n).id for n in ("descending", "symmetric_shift", "ascending"))
+    for (policy, grid, group, margin, det), match in (
+            ((desc, sms + 1, 1, 0, True), "grid must be in"), ((desc, 0, 1, 0, True), "grid must be in"),
+            ((desc, sms, 1, 1, True), "grid must be in"), ((desc, 1000, 1, 0, True), "grid must be in"),
+            ((desc, 4, 3, 0, True), "claim_group must be in"), ((desc, 4, 0, 0, True), "claim_group must be"),
+            ((sym, 2, 1, 0, True), "symmetric_shift needs seqlen_q == seqlen_k"),
+            ((asc, 2, 1, 0, False), "no non-deterministic kernel runs this schedule")):
+        with pytest.raises(ValueError, match=match):
+            torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, d ** -0.5, True, det,
+                                              policy, grid, group, margin)
+    torch.cuda.synchronize()
+    for x in (dq, dk, dv):
+        assert torch.isnan(x).all(), "a kernel ran although its launch was refused"
 
 
 @pytest.mark.parametrize("d", HDIMS)
@@ -175,7 +204,7 @@ def test_bwd_all_schedules_agree(sq, sk, b, h, hk, margin, causal, d):
     for name, c in SCHEDULE_MASKS:
         if c != causal:
             continue
-        grads = _bwd(dout, q, k, v, out, lse, causal, True, SCHEDULES[name], sm_margin=margin)
+        grads = _bwd(dout, q, k, v, out, lse, causal, True, name, sm_margin=margin)
         _wait()
         _check_grads(q, k, v, dout, grads, causal)
         results[name] = grads
@@ -194,7 +223,7 @@ def _bits(grads):
 @pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 def test_bwd_bitwise_deterministic(schedule, causal):
     q, k, v, dout, out, lse = _inputs(2, 1024, 1024, 4, 2, 128, torch.bfloat16, causal)
-    s = SCHEDULES[schedule]
+    s = schedule
     first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s))
     for i in range(1000):
         got = _bwd(dout, q, k, v, out, lse, causal, True, s)
@@ -207,7 +236,7 @@ def test_bwd_bitwise_deterministic(schedule, causal):
 @pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
 def test_bwd_deterministic_with_concurrent_work(schedule, causal):
     q, k, v, dout, out, lse = _inputs(2, 2048, 2048, 4, 4, 64, torch.bfloat16, causal)
-    s = SCHEDULES[schedule]
+    s = schedule
     first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s))
     side = torch.cuda.Stream()
     a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)
@@ -228,7 +257,7 @@ def test_bwd_deterministic_cuda_graph(schedule, causal, sq, sk):
     import flash_attn_dash  # noqa: F401
 
     q, k, v, dout, out, lse = _inputs(1, sq, sk, 6, 2, 128, torch.bfloat16, causal)
-    s = SCHEDULES[schedule]
+    s = schedule
     first = _bits(_bwd(dout, q, k, v, out, lse, causal, True, s, poison=False))
     dq, dk, dv = (torch.zeros_like(x) for x in (q, k, v))
     stream = torch.cuda.Stream()
@@ -256,7 +285,7 @@ def test_bwd_deadlock_sweep(seed):
         if rng.random() < 0.35:
             sq = sk  # symmetric_shift runs on the pair grid only for sq == sk and an even N
         causal = rng.random() < 0.5
-        sched = SCHEDULES[rng.choice([name for name, c in SCHEDULE_MASKS if c == causal])]
+        sched = rng.choice([name for name, c in SCHEDULE_MASKS if c == causal])
         d = rng.choice(HDIMS)
         hk = rng.choice([1, 2])
         margin = rng.randint(0, 100)
@@ -289,7 +318,7 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
 
     q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, torch.bfloat16, causal)
     trace = _trace_buffer(b, h, sq, sk, d)
-    _bwd(dout, q, k, v, out, lse, causal, True, SCHEDULES[schedule], sm_margin=margin, trace=trace)
+    _bwd(dout, q, k, v, out, lse, causal, True, schedule, sm_margin=margin, trace=trace)
     _wait()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
@@ -312,7 +341,7 @@ def test_bwd_nondeterministic_trace_is_a_permutation(sq, sk, d):
 
     q, k, v, dout, out, lse = _inputs(2, sq, sk, 3, 3, d, torch.bfloat16, True)
     trace = _trace_buffer(2, 3, sq, sk, d)
-    _bwd(dout, q, k, v, out, lse, True, False, 0, trace=trace)
+    _bwd(dout, q, k, v, out, lse, True, False, "auto", trace=trace)
     _wait()
     t = trace.cpu().numpy()
     bm, bn = _blocks(d)

@@ -173,3 +173,15 @@ def test_png_write_failure_after_simulating_exits_2(tmp_path, monkeypatch, capsy
     json.loads(captured.out)  # the numbers were printed before the chart failed
     assert captured.err == (f"flash-attn-dash plan: error: argument --png: cannot write {path!r} "
                             "(No space left on device)\n")
+
+
+def test_info_reports_the_build_and_the_table(capsys):
+    from flash_attn_dash import variants
+
+    assert main(["info"]) == 0
+    out = capsys.readouterr().out
+    assert ("kernels built:" in out) != ("NO CUDA KERNELS BUILT" in out)
+    for h in variants.HEAD_DIMS:
+        assert f"head dim {h.qk}:" in out
+    for s in variants.SCHEDULES:
+        assert f"schedule {s.name} (id {s.id})" in out

@@ -1,11 +1,14 @@
 """Debug mode (flash_attn_dash.debug): every backward's order is proven for its grid before launch."""
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
 import flash_attn_dash
 from flash_attn_dash import debug
+from flash_attn_dash.launch import bwd_launch
 from flash_attn_dash.schedule import ScheduleError
 
 
@@ -13,10 +16,10 @@ from flash_attn_dash.schedule import ScheduleError
 def _reset(monkeypatch):
     monkeypatch.delenv(debug.ENV_VAR, raising=False)
     debug.set_debug(None)
-    debug.check_backward_schedule.cache_clear()
+    debug.check_backward_launch.cache_clear()
     yield
     debug.set_debug(None)
-    debug.check_backward_schedule.cache_clear()
+    debug.check_backward_launch.cache_clear()
 
 
 def test_switches(monkeypatch):
@@ -38,9 +41,17 @@ def test_switches(monkeypatch):
 @pytest.mark.parametrize("num_sms", [1, 78, 114, 132])
 def test_kernel_orders_pass(causal, schedule, num_sms):
     for b, sq, sk, h, hk, d in ((2, 1024, 1024, 4, 2, 128), (1, 300, 1000, 3, 1, 64), (3, 2048, 2048, 2, 2, 64)):
-        if schedule == "symmetric_shift" and sq != sk:
-            continue  # the caller resolves it to descending first
-        debug.check_backward_schedule(causal, b, sq, sk, h, hk, d, num_sms, schedule)
+        for det in (True, False):
+            launch = bwd_launch(causal, d, sq, sk, b, h, num_sms, det, schedule)
+            debug.check_backward_launch(causal, b, sq, sk, h, hk, d, num_sms, launch)
+
+
+def test_a_launch_the_model_would_not_plan_is_refused():
+    good = bwd_launch(True, 128, 1024, 1024, 2, 4, 132, True, "descending")
+    debug.check_backward_launch(True, 2, 1024, 1024, 4, 4, 128, 132, good)
+    bad = dataclasses.replace(good, grid=good.grid - 1)
+    with pytest.raises(ScheduleError, match="disagrees"):
+        debug.check_backward_launch(True, 2, 1024, 1024, 4, 4, 128, 132, bad)
 
 
 def _cpu_backward(sm_margin: int) -> None:
@@ -61,7 +72,7 @@ def test_backward_checks_its_order_once_per_shape(monkeypatch):
     flash_attn_dash.set_debug(True)
     _cpu_backward(0)
     _cpu_backward(0)
-    assert len(built) == 1 and built[0][-2:] == (132, "ascending")
+    assert len(built) == 1 and built[0][-2:] == (132, "ascending")  # (num_sms, schedule) of the launch
 
 
 def test_a_deadlocking_order_is_refused_before_launch(monkeypatch):

@@ -1,30 +1,87 @@
-"""The committed kernel instantiation files are exactly what the generator writes."""
+"""The variant table drives the generated files: they are current, the build knobs select from the table, the
+generated C++ facts agree with the Python ones, and a new head dim is one table entry."""
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "hopper"))
+
+import build_config  # noqa: E402
+import generate  # noqa: E402  (hopper/generate.py)
+from flash_attn_dash import variants  # noqa: E402
+from host_cpp import build_host_program  # noqa: E402
 
 
-def test_instantiation_files_are_generated():
-    result = subprocess.run([sys.executable, str(ROOT / "hopper" / "generate_instantiations.py"), "--check"],
+def test_generated_files_are_current():
+    result = subprocess.run([sys.executable, str(ROOT / "hopper" / "generate.py"), "--check"],
                             capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 
 
 def test_build_config_selects_by_knobs(monkeypatch):
-    sys.path.insert(0, str(ROOT))
-    import build_config
-
     monkeypatch.setenv("FLASH_DASH_HDIMS", "128")
     monkeypatch.setenv("FLASH_DASH_DTYPES", "bf16")
     monkeypatch.setenv("FLASH_DASH_PASSES", "bwd")
-    assert build_config.kernel_sources() == ["hopper/instantiations/bwd_hdim128_bf16.cu"]
+    assert build_config.kernel_sources() == ["hopper/generated/bwd_hdim128_bf16.cu"]
     assert build_config.compile_defines() == ["-DFLASH_DASH_HAS_BWD_HDIM128_BF16"]
+    monkeypatch.delenv("FLASH_DASH_HDIMS")
+    monkeypatch.delenv("FLASH_DASH_PASSES")
+    assert len(build_config.kernel_sources()) == 2 * len(variants.HEAD_DIMS)
     monkeypatch.setenv("FLASH_DASH_HDIMS", "80")
-    try:
+    with pytest.raises(ValueError, match=r"FLASH_DASH_HDIMS.*\[64, 128\]"):
         build_config.kernel_sources()
-    except ValueError as e:
-        assert "FLASH_DASH_HDIMS" in str(e) and "[64, 128]" in str(e)
-    else:
-        raise AssertionError("an unsupported head dim must be rejected")
+
+
+def test_every_selected_source_is_generated():
+    for src in build_config.kernel_sources():
+        assert (ROOT / src).is_file(), src
+
+
+SCHEDULE_FACTS_CPP = r"""
+#include <cstdio>
+#include "generated/schedule_ids.h"
+using namespace flash_dash;
+int main() {
+    std::printf("%d\n", kNumSchedules);
+    for (int i = 0; i < kNumSchedules; ++i) {
+        Schedule s = static_cast<Schedule>(i);
+        std::printf("%d %s %d %d\n", i, schedule_name(s), mask_mismatch(s, false) == nullptr,
+                    mask_mismatch(s, true) == nullptr);
+    }
+}
+"""
+
+
+def test_generated_schedule_ids_match_the_table(tmp_path_factory):
+    exe = build_host_program(tmp_path_factory, "schedule_facts", SCHEDULE_FACTS_CPP)
+    lines = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split("\n")
+    assert int(lines[0]) == len(variants.SCHEDULES)
+    for line, s in zip(lines[1:], sorted(variants.SCHEDULES, key=lambda s: s.id)):
+        sid, name, full, causal = line.split()
+        assert (int(sid), name) == (s.id, s.name)
+        assert (full == "1", causal == "1") == ("full" in s.masks, "causal" in s.masks)
+
+
+def test_a_new_head_dim_is_one_table_entry(monkeypatch):
+    """Adding a HeadDim entry (here 96 with the 128 configuration) is all it takes: the generator then writes its
+    translation units and lists them in the binding's table; build_config compiles them."""
+    h128 = variants.head_dim(128)
+    h96 = dataclasses.replace(h128, qk=96, v=96)
+    monkeypatch.setattr(variants, "HEAD_DIMS", variants.HEAD_DIMS + (h96,))
+    files = generate.files()
+    new = {p.name for p in files} - {p.name for p in files if "hdim96" not in p.name}
+    assert new == {f"{p}_hdim96_{d}.cu" for p in variants.PASSES for d in variants.DTYPES}
+    table = files[generate.KERNEL_TABLE]
+    for d in variants.DTYPES:
+        assert f'{{"fwd_hdim96_{d}", 96, 96,' in table and f"&run_bwd_hdim96_{d}" in table
+    assert "FwdKernelTraits<96, 128, 128, 2," in files[generate.GENERATED / "fwd_hdim96_bf16.cu"]
+    assert "BwdTraits<cutlass::bfloat16_t, 96, 64, 128, 40, 232>" in files[generate.GENERATED / "bwd_hdim96_bf16.cu"]
+    monkeypatch.setenv("FLASH_DASH_HDIMS", "96")
+    assert build_config.kernel_sources() == [f"hopper/generated/{p}_hdim96_{d}.cu" for p in variants.PASSES
+                                             for d in variants.DTYPES]
+    assert variants.bwd_tile(96) == variants.bwd_tile(128)

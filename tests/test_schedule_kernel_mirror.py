@@ -1,11 +1,12 @@
-"""The kernel's schedule policies (hopper/bwd_schedule.hpp) compiled as host C++ reproduce the Python model exactly.
+"""The kernel's schedule policies (hopper/schedule/policies.hpp) compiled as host C++ reproduce the Python model exactly.
 
 The C++ program below walks every CTA of the persistent grid through the same policy calls the kernel roles make
-(first_tile/next_tile/make_ctx/init/num_steps/m_block/rank), after the same host-side decision the launch template makes
-(choose_launch: schedule used and grid size).  Its CTA-major step list (cta, b, h, n, m, rank) must equal the model's
-``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.  On the dynamic grid (ascending,
-descending) the CTA of a tile depends on timing, so both sides list every tile's steps in claim order (CTA -1) instead.
-CPU only: needs g++ (or c++).
+(first_tile/next_tile/make_ctx/init/num_steps/m_block/rank) for the launch the model plans (the order that runs, its
+grid size and claim group, which flash_attn_dash.launch decides for the kernels' tiles), and checks it the way the
+launcher does (the policy's ``unsupported``, the generated ``mask_mismatch``).  Its CTA-major step list (cta, b, h, n,
+m, rank) must equal the model's ``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.
+On the dynamic grid (ascending, descending) the CTA of a tile depends on timing, so both sides list every tile's steps
+in claim order (CTA -1) instead. CPU only: needs g++ (or c++).
 """
 from __future__ import annotations
 
@@ -16,8 +17,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from flash_attn_dash.schedule import build_plan
-from flash_attn_dash.schedule.orders import NONDETERMINISTIC_CLAIM_HEADS, claim_group
+from flash_attn_dash import variants
+from flash_attn_dash.launch import bwd_launch
+from flash_attn_dash.schedule import TileGrid, build_plan
+from flash_attn_dash.schedule.orders import NONDETERMINISTIC_CLAIM_HEADS, claim_group, fallback_reason
 from host_cpp import build_host_program
 
 
@@ -26,7 +29,8 @@ MIRROR_CPP = r"""
 #include <cstdlib>
 #include <cstring>
 #include <vector>
-#include "bwd_schedule.hpp"
+#include "generated/schedule_ids.h"
+#include "schedule/policies.hpp"
 
 using namespace flash_dash;
 using namespace flash_dash::bwd;
@@ -61,53 +65,53 @@ static void walk(SchedShape const& s) {
     }
 }
 
+template <class Policy>
+static void run(SchedShape const& s) {
+    if (char const* why = Policy::unsupported(s)) { std::printf("unsupported %s\n", why); return; }
+    out.clear();
+    walk<Policy>(s);
+    std::printf("%zu\n", out.size() / 6);
+    for (size_t i = 0; i < out.size(); ++i) std::printf("%lld%c", out[i], i + 1 == out.size() ? '\n' : ' ');
+    if (out.empty()) std::printf("\n");
+}
+
 int main() {
     char mask[16];
-    int sq, sk, bm, bn, batch, heads, num_sms, sched, det;
-    // one case per line: mask sq sk block_m block_n batch heads num_sms schedule_id deterministic
-    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &num_sms, &sched,
-                      &det) == 10) {
+    int sq, sk, bm, bn, batch, heads, grid, group, sched;
+    // one case per line: mask sq sk block_m block_n batch heads grid claim_group schedule_id (the policy that runs)
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &grid, &group,
+                      &sched) == 10) {
         bool const causal = std::strcmp(mask, "causal") == 0;
-        Schedule const requested = static_cast<Schedule>(sched);
-        if (mask_mismatch(requested, causal) != nullptr) { std::printf("mismatch\n"); continue; }
+        Schedule const policy = static_cast<Schedule>(sched);
+        if (mask_mismatch(policy, causal) != nullptr) { std::printf("mismatch\n"); continue; }
         SchedShape s{};
         s.batch = batch; s.heads = heads; s.heads_k = heads;
         s.seqlen_q = sq; s.seqlen_k = sk; s.block_m = bm; s.block_n = bn;
         s.num_m = (sq + bm - 1) / bm; s.num_n = (sk + bn - 1) / bn;
-        s.causal = causal;
-        LaunchChoice const ch = choose_launch(requested, det != 0, causal, sq, sk, bm, bn, s.num_n,
-                                              (long long)batch * heads, num_sms);
-        if (!tile_count_fits((long long)batch * heads * s.num_n, ch.grid)) { std::printf("toobig\n"); continue; }
-        s.grid = ch.grid;
-        s.claim_group = ch.claim_group;
-        out.clear();
-        switch (ch.used) {
-            case Schedule::kAscending: walk<Ascending>(s); break;
-            case Schedule::kDescending: walk<Descending>(s); break;
-            case Schedule::kShift: walk<Shift>(s); break;
+        s.causal = causal; s.grid = grid; s.claim_group = group;
+        if (!tile_count_fits((long long)batch * heads * s.num_n, grid)) { std::printf("toobig\n"); continue; }
+        switch (policy) {
+            case Schedule::kAscending: run<Ascending>(s); break;
+            case Schedule::kDescending: run<Descending>(s); break;
+            case Schedule::kShift: run<Shift>(s); break;
             case Schedule::kSymmetricShift:
                 switch (bn / bm) {
-                    case 1: walk<SymmetricShift<1>>(s); break;
-                    case 2: walk<SymmetricShift<2>>(s); break;
-                    case 3: walk<SymmetricShift<3>>(s); break;
-                    case 4: walk<SymmetricShift<4>>(s); break;
-                    default: std::printf("unsupported s\n"); return 2;
+                    case 1: run<SymmetricShift<1>>(s); break;
+                    case 2: run<SymmetricShift<2>>(s); break;
+                    case 3: run<SymmetricShift<3>>(s); break;
+                    case 4: run<SymmetricShift<4>>(s); break;
+                    default: std::printf("unsupported pair step %d\n", bn / bm); break;
                 }
                 break;
         }
-        std::printf("%d %d %d %d %zu\n", int(ch.used), ch.grid, int(ch.pair_grid), ch.claim_group, out.size() / 6);
-        for (size_t i = 0; i < out.size(); ++i) std::printf("%lld%c", out[i], i + 1 == out.size() ? '\n' : ' ');
-        if (out.empty()) std::printf("\n");
     }
     return 0;
 }
 """
 
-SCHEDULE_IDS = {"ascending": 0, "descending": 1, "shift": 2, "symmetric_shift": 3}
-NAMES = {v: k for k, v in SCHEDULE_IDS.items()}
 DYNAMIC = ("ascending", "descending")
 GRIDS = (1, 7, 78, 114, 132)
-KERNEL_TILES = ((64, 128), (128, 128))  # hdim 128, hdim 64
+KERNEL_TILES = tuple(variants.bwd_tile(h.qk) for h in variants.HEAD_DIMS)
 MODEL_TILES = KERNEL_TILES + ((64, 64), (80, 128), (64, 96), (96, 128))
 
 
@@ -116,52 +120,60 @@ def mirror_binary(tmp_path_factory):
     return build_host_program(tmp_path_factory, "mirror", MIRROR_CPP)
 
 
-def _run(exe: Path, cases: list[tuple], deterministic: bool = True) -> list:
-    det = int(deterministic)
-    stdin = "".join(f"{m} {sq} {sk} {bm} {bn} {b} {h} {g} {SCHEDULE_IDS[s]} {det}\n"
-                    for m, sq, sk, bm, bn, b, h, g, s in cases)
-    res = subprocess.run([str(exe)], input=stdin, capture_output=True, text=True, timeout=600)
+def _plan(case, deterministic: bool = True):
+    mask, sq, sk, bm, bn, batch, heads, num_sms, schedule = case
+    claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
+    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads)
+
+
+def _group(plan, deterministic: bool) -> int:
+    if plan.schedule_used not in DYNAMIC:
+        return 1
+    return claim_group(plan.grid.num_m, plan.batch * plan.heads, plan.num_ctas) if deterministic \
+        else NONDETERMINISTIC_CLAIM_HEADS
+
+
+def _run(exe: Path, lines: list[str]) -> list:
+    res = subprocess.run([str(exe)], input="".join(lines), capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr
-    lines = res.stdout.split("\n")
+    out = res.stdout.split("\n")
     results, i = [], 0
-    for _ in cases:
-        head = lines[i].split()
+    for _ in lines:
+        head = out[i]
         i += 1
-        if head[0] in ("mismatch", "toobig"):
-            results.append(head[0])
+        if head in ("mismatch", "toobig") or head.startswith("unsupported"):
+            results.append(head)
             continue
-        used, grid, pair, group, count = (int(x) for x in head)
-        body = np.array(lines[i].split(), dtype=np.int64).reshape(count, 6) if count else np.zeros((0, 6), np.int64)
+        count = int(head)
+        body = np.array(out[i].split(), dtype=np.int64).reshape(count, 6) if count else np.zeros((0, 6), np.int64)
         i += 1
-        results.append((NAMES[used], grid, bool(pair), group, body))
+        results.append(body)
     return results
 
 
-def _check(case, got, deterministic: bool = True) -> None:
-    mask, sq, sk, bm, bn, batch, heads, num_sms, schedule = case
-    claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
-    plan = build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads)
-    assert not isinstance(got, str), (case, got)
-    used, grid, pair, group, body = got
-    if used in DYNAMIC:
-        want = claim_group(plan.grid.num_m, batch * heads, plan.num_ctas) if deterministic else claim_heads
-        assert group == want, (case, group, want)
-    assert used == plan.schedule_used, (case, used, plan.schedule_used)
-    assert grid == plan.num_ctas, (case, grid, plan.num_ctas)
-    assert pair == (used == "symmetric_shift")
-    expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
-    if used in DYNAMIC:  # claim order (= the dynamic grid's round), CTA unknown (module docstring)
-        expect = expect[np.argsort(plan.step_round, kind="stable")]
-        expect[:, 0] = -1
-    assert body.shape == expect.shape, (case, body.shape, expect.shape)
-    if not np.array_equal(body, expect):
-        bad = int(np.argmax((body != expect).any(axis=1)))
-        raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
-                             f"model {expect[bad].tolist()}")
-    # The GPU test compares the trace; the same step list gives the same trace.
-    trace = np.full(plan.shape, -1, dtype=np.int32)
-    trace[body[:, 1], body[:, 2], body[:, 4], body[:, 5]] = body[:, 3]
-    assert np.array_equal(trace, plan.trace_array()), case
+def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule) -> str:
+    return f"{mask} {sq} {sk} {bm} {bn} {batch} {heads} {grid} {group} {variants.schedule(schedule).id}\n"
+
+
+def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True) -> None:
+    """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
+    plans = [_plan(c, deterministic) for c in cases]
+    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used) for c, p in zip(cases, plans)]
+    for case, plan, body in zip(cases, plans, _run(exe, lines)):
+        assert not isinstance(body, str), (case, body)
+        expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
+        if plan.schedule_used in DYNAMIC:  # claim order (= the dynamic grid's round), CTA unknown (module docstring)
+            expect = expect[np.argsort(plan.step_round, kind="stable")]
+            expect[:, 0] = -1
+        assert body.shape == expect.shape, (case, body.shape, expect.shape)
+        if not np.array_equal(body, expect):
+            bad = int(np.argmax((body != expect).any(axis=1)))
+            raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
+                                 f"model {expect[bad].tolist()}")
+        # The GPU test compares the trace; the same step list gives the same trace.
+        trace = np.full(plan.shape, -1, dtype=np.int32)
+        trace[body[:, 1], body[:, 2], body[:, 4], body[:, 5]] = body[:, 3]
+        assert np.array_equal(trace, plan.trace_array()), case
 
 
 def _cases_fixed() -> list[tuple]:
@@ -241,16 +253,12 @@ def _cases_random(count: int, seed: int) -> list[tuple]:
 
 
 def test_mirror_fixed_shapes(mirror_binary):
-    cases = _cases_fixed()
-    for case, got in zip(cases, _run(mirror_binary, cases)):
-        _check(case, got)
+    _check_cases(mirror_binary, _cases_fixed())
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_mirror_random_shapes(mirror_binary, seed):
-    cases = _cases_random(20, seed)
-    for case, got in zip(cases, _run(mirror_binary, cases)):
-        _check(case, got)
+    _check_cases(mirror_binary, _cases_random(20, seed))
 
 
 def test_mirror_all_schedules_small(mirror_binary):
@@ -260,36 +268,47 @@ def test_mirror_all_schedules_small(mirror_binary):
                          ("causal", 700, 300)):
         for bm, bn in KERNEL_TILES:
             for g in (1, 2, 3, 5, 7, 13, 78, 114, 132, 1000):
-                for schedule in ("ascending", "descending", "shift" if mask == "full" else "symmetric_shift"):
+                for schedule in variants.schedules_for(mask):
                     cases.append((mask, sq, sk, bm, bn, 2, 3, g, schedule))
-    for case, got in zip(cases, _run(mirror_binary, cases)):
-        _check(case, got)
+    _check_cases(mirror_binary, cases)
 
 
 def test_mirror_mask_mismatch_rejected(mirror_binary):
-    cases = [("causal", 256, 256, 64, 128, 1, 1, 132, "shift"), ("full", 256, 256, 64, 128, 1, 1, 132,
-                                                                   "symmetric_shift")]
-    assert _run(mirror_binary, cases) == ["mismatch", "mismatch"]
+    """The generated mask rule refuses what variants.SCHEDULES does not define for the mask."""
+    lines = [_line(mask, 256, 256, 64, 128, 1, 1, 4, 1, s.name) for s in variants.SCHEDULES for mask in variants.MASKS]
+    got = _run(mirror_binary, lines)
+    for (s, mask), result in zip([(s, m) for s in variants.SCHEDULES for m in variants.MASKS], got):
+        assert (isinstance(result, str) and result == "mismatch") == (mask not in s.masks), (s.name, mask)
+
+
+def test_policy_preconditions_match_the_models_fallbacks(mirror_binary):
+    """A policy refuses a shape (the launcher's check of the Python decision) exactly when the model falls back."""
+    rng = random.Random(3)
+    shapes = [(sq, sq) for sq in (128, 256, 1920, 2048, 4224, 8100)] + \
+             [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(40)]
+    for bm, bn in KERNEL_TILES:
+        lines, expect = [], []
+        for sq, sk in shapes:
+            grid = TileGrid("causal", sq, sk, bm, bn)
+            lines.append(_line("causal", sq, sk, bm, bn, 1, 2, 1, 1, "symmetric_shift"))
+            expect.append(fallback_reason("symmetric_shift", grid))
+        for (sq, sk), why, got in zip(shapes, expect, _run(mirror_binary, lines)):
+            assert isinstance(got, str) == (why is not None), (sq, sk, bm, bn, why, got)
 
 
 def test_mirror_nondeterministic_walk(mirror_binary):
-    """Non-deterministic launches pick the walk ops.resolve_schedule reports (causal: symmetric_shift's pair grid where
-    it applies, else descending; full: ascending; whatever was requested), head-major claims on the dynamic grid, and
-    the model's steps for that walk."""
-    from flash_attn_dash.ops import resolve_schedule
-    from flash_attn_dash.schedule.tiles import bwd_tile_shape
-
+    """Non-deterministic launches (what flash_attn_dash.launch decides for the kernels' tiles: the walk, its grid,
+    head-major claims) step exactly like the model's plan of that walk, whatever schedule was requested."""
     cases = []
-    for d in (64, 128):
+    for h in variants.HEAD_DIMS:
+        bm, bn = variants.bwd_tile(h.qk)
         for mask, sq, sk in (("causal", 8192, 8192), ("causal", 1024, 1024), ("causal", 1920, 1920),
                              ("causal", 2048, 1024), ("causal", 1, 1), ("full", 2048, 2048), ("full", 113, 203)):
-            bm, bn = bwd_tile_shape(d, mask == "causal")
             for g in (1, 78, 132):
-                for requested in ("ascending", "descending", "shift" if mask == "full" else "symmetric_shift"):
-                    cases.append((d, (mask, sq, sk, bm, bn, 2, 3, g, requested)))
-    results = _run(mirror_binary, [c for _, c in cases], deterministic=False)
-    for (d, case), got in zip(cases, results):
-        mask, sq, sk, bm, bn, batch, heads, g, requested = case
-        expect = resolve_schedule(requested, mask == "causal", False, (batch, sq, heads, d), sk, g)
-        assert got[0] == expect, (case, got[0], expect)
-        _check((mask, sq, sk, bm, bn, batch, heads, g, expect), got, deterministic=False)
+                for requested in variants.schedules_for(mask):
+                    launch = bwd_launch(mask == "causal", h.qk, sq, sk, 2, 3, g, False, requested)
+                    plan = _plan((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule), deterministic=False)
+                    assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
+                    assert _group(plan, False) == launch.claim_group
+                    cases.append((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule))
+    _check_cases(mirror_binary, cases, deterministic=False)

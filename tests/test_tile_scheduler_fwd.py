@@ -14,7 +14,7 @@ from host_cpp import build_host_program
 
 WALK_CPP = r"""
 #include <cstdio>
-#include "tile_scheduler_fwd.hpp"
+#include "schedule/fwd_tile_scheduler.hpp"
 using namespace flash_dash;
 int main() {
     int num_m, heads, batch, causal, grid;
@@ -99,7 +99,7 @@ def test_causal_order_is_longest_first_within_head_groups(walk_binary, case):
 
 GRID_CPP = r"""
 #include <cstdio>
-#include "tile_scheduler_fwd.hpp"
+#include "schedule/fwd_tile_scheduler.hpp"
 int main() {
     int total, sms, equal;
     while (std::scanf("%d %d %d", &total, &sms, &equal) == 3) {

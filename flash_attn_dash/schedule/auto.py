@@ -1,16 +1,18 @@
-"""``auto``: pick the schedule of a backward call from the model, overridable by measured preferences.
+"""``auto``: the schedule a deterministic backward takes, decided in O(1) from committed measurements and rules.
 
-Rule: simulate every schedule applicable to the mask whose assumptions hold for the shape (a schedule that would fall
-back runs the same order as another candidate, so it is skipped); take the smallest predicted makespan; predictions
-within ``TIE_TOLERANCE`` of the best count as ties, broken by the order of ``SCHEDULES`` (simplest first), because the
-model is coarser than 1%.  A matching entry of ``MEASURED_PREFERENCES`` overrides the model when its schedule is valid
-for the shape.
+:func:`auto_schedule` is what runs (through :func:`flash_attn_dash.launch.bwd_launch`): a matching entry of
+``MEASURED_PREFERENCES`` (the order measured fastest on the H200 for that mask, head dim and length, on shapes with
+equal query and key lengths), else :func:`rule_schedule`, a closed form of the model's pick (the model's best or within
+``TIE_TOLERANCE`` of it at every shape ``tests/test_schedule_auto.py`` samples).  The preferred order may not fit a
+shape (symmetric_shift needs seqlen_q == seqlen_k and an even K/V tile count); then its fallback runs.
+
+:func:`predict` simulates every order for the planner (``flash-attn-dash plan``); :func:`model_choice` is the pick the
+model alone would make, which the tests compare with the rule.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import lru_cache
 
 from .costs import default_costs
 from .orders import SCHEDULES, applicable
@@ -23,8 +25,9 @@ TIE_TOLERANCE = 0.01
 
 @dataclass(frozen=True)
 class MeasuredPreference:
-    """A schedule measured to be fastest on real hardware for ``mask``/``head_dim`` and ``min_seqlen <= seqlen_k <=
-    max_seqlen``.
+    """A schedule measured to be fastest on real hardware for ``mask``/``head_dim`` and ``min_seqlen <= seqlen <=
+    max_seqlen``, on the DASH grid (seqlen_q == seqlen_k, 16k tokens per batch, hidden 2048): it applies to shapes
+    with equal query and key lengths only.
 
     ``source`` names the measurement (benchmark file and date) so the override can be audited.
     """
@@ -105,44 +108,47 @@ def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, 
     return out
 
 
-def _measured(mask: str, head_dim: int, seqlen_k: int, valid: set[str],
-              measured: tuple[MeasuredPreference, ...]) -> MeasuredPreference | None:
-    for pref in measured:
-        if (pref.mask, pref.head_dim) == (mask, head_dim) and pref.min_seqlen <= seqlen_k <= pref.max_seqlen \
-                and pref.schedule in valid:
+def _measured(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> MeasuredPreference | None:
+    if seqlen_q != seqlen_k:
+        return None
+    for pref in MEASURED_PREFERENCES:
+        if (pref.mask, pref.head_dim) == (mask, head_dim) and pref.min_seqlen <= seqlen_k <= pref.max_seqlen:
             return pref
     return None
 
 
-def choose(predictions: list[Prediction], mask: str, head_dim: int, seqlen_k: int,
-           measured: tuple[MeasuredPreference, ...] | None = None,
-           allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
-    """Apply the ``auto`` rule to ``predictions`` of one shape; returns ``(schedule, reason)``.
+def rule_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str:
+    """The model-backed rule for shapes no measurement covers. Full masks: shift while a head has no more K/V tiles
+    than Q tiles (N <= M; with more, the tiles of a head running in one round outnumber the rows they could
+    stagger over, shift's groups fall back and its static grid loses to the claimed one, up to several times in the
+    model), else ascending. Causal masks: descending (tile n's first step is its last Q tile, which every earlier
+    tile of the head also visits first)."""
+    if mask == "causal":
+        return "descending"
+    block_m, block_n = bwd_tile_shape(head_dim, False)
+    return "shift" if -(-seqlen_k // block_n) <= -(-seqlen_q // block_m) else "ascending"
 
-    ``allowed`` restricts the pick to the schedules a caller can run (e.g. those the compiled kernels implement).
-    """
-    valid = [p for p in predictions if p.valid and (allowed is None or p.schedule in allowed)]
-    base = next(p for p in predictions if p.schedule == "ascending")
-    skipped = "".join(f"; {p.schedule} skipped ({p.fallback})" for p in predictions if not p.valid)
-    pref = _measured(mask, head_dim, seqlen_k, {p.schedule for p in valid},
-                     MEASURED_PREFERENCES if measured is None else measured)
+
+def auto_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str:
+    """The order ``auto`` requests for a deterministic backward of this shape (before the shape's fallbacks)."""
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
+    return pref.schedule if pref is not None else rule_schedule(mask, head_dim, seqlen_q, seqlen_k)
+
+
+def auto_reason(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str:
+    """Why :func:`auto_schedule` requests its order, in one line (for the planner and ``backward_schedule_used``)."""
+    pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
     if pref is not None:
-        return pref.schedule, f"{pref.schedule}: measured fastest for {mask} hdim {head_dim} ({pref.source}){skipped}"
+        return f"{pref.schedule}: measured fastest for {mask} hdim {head_dim} ({pref.source})"
+    return (f"{rule_schedule(mask, head_dim, seqlen_q, seqlen_k)}: the model-backed rule for {mask} masks where "
+            f"nothing was measured (the model's best or within {TIE_TOLERANCE:.0%} of it)")
+
+
+def model_choice(predictions: list[Prediction]) -> Prediction:
+    """The pick of the model alone: the smallest predicted makespan among the orders that run as themselves;
+    predictions within ``TIE_TOLERANCE`` of the best are ties, broken by table order (simplest first)."""
+    valid = [p for p in predictions if p.valid]
     best = min(p.makespan for p in valid)
-    pick = next(p for p in valid if p.makespan <= best * (1 + TIE_TOLERANCE))
-    speedup = base.makespan / pick.makespan if pick.makespan else 1.0
-    tie = "" if pick.makespan == best else f", within {TIE_TOLERANCE:.0%} of the best so the simpler order wins"
-    return pick.schedule, (f"{pick.schedule}: smallest predicted makespan ({speedup:.3f}x over ascending, "
-                           f"{pick.bubble_fraction:.1%} idle{tie}){skipped}")
-
-
-@lru_cache(maxsize=256)
-def choose_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-                    c: float | None = None, r: float | None = None,
-                    allowed: tuple[str, ...] | None = None) -> tuple[str, str]:
-    """The schedule ``auto`` takes for this call, and a one-line reason (cached: the result is a pure function).
-
-    ``allowed``: only pick among these schedules (default: every modelled one).
-    """
-    predictions = predict(mask, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, c, r)
-    return choose(predictions, mask, head_dim, seqlen_k, allowed=allowed)
+    return next(p for p in valid if p.makespan <= best * (1 + TIE_TOLERANCE))

@@ -61,19 +61,16 @@ import heapq
 
 import numpy as np
 
+from .. import variants
 from .costs import default_costs
 from .tiles import TileGrid
 
-SCHEDULES = ("ascending", "descending", "shift", "symmetric_shift")
-MASK_OF = {"shift": "full", "symmetric_shift": "causal"}
+SCHEDULES = variants.SCHEDULE_NAMES
 
 
 def applicable(schedule: str, mask: str) -> bool:
-    """Whether ``schedule`` may be requested for ``mask`` (ascending/descending always; the shifts for one mask
-    each)."""
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    return MASK_OF.get(schedule, mask) == mask
+    """Whether ``schedule`` may be requested for ``mask`` (the masks of its entry in ``variants.SCHEDULES``)."""
+    return mask in variants.schedule(schedule).masks
 
 
 @dataclass(frozen=True)
@@ -114,18 +111,22 @@ def _expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
     """Heads per claim group of the dynamic grid: the largest power of two ``<= 4 G / M``, at least 1 and at most
     ``B * H``.  Consecutive tiles of a head are then ``Hg`` claims apart, about 4 waves' worth of Q-tile steps, which
-    the H200 needed (benchmarks/results/2026-11-30-0450-claim-spread-sweep.md: with fewer heads per group the rank
-    chains of a head advance only at the claim rate, which this model, claiming instantly, does not see).  Mirrors
-    hopper/bwd_schedule.hpp ``claim_group_of``."""
+    the H200 needed (with fewer heads per group the rank chains of a head advance only at the claim rate, which this
+    model, claiming instantly, does not see)."""
     want = min(4 * num_ctas // max(num_m, 1), batch_heads)
     return 1 << (int(want).bit_length() - 1) if want >= 1 else 1
 
 
 NONDETERMINISTIC_CLAIM_HEADS = 1
 """Claim group of non-deterministic backwards on the dynamic grid: head-major (the most L2 reuse), since unordered
-adds form no rank chains to spread out (measured on the H200: hdim 128 full 512/1k/2k non-det 342/449/537 TFLOP/s
-head-major, benchmarks/results/2026-11-30-0440-attn.md, vs 325/435/522 grouped, 0458).  Mirrors
-hopper/bwd_schedule.hpp ``choose_launch``."""
+adds form no rank chains to spread out (measured faster than grouped claims on the H200 at hdim 128 full 512-2k)."""
+
+
+def num_ctas(schedule: str, grid: TileGrid, batch_heads: int, num_sms: int) -> int:
+    """Persistent CTAs of ``schedule`` (the order that runs, not a fallen-back request): one per work unit at most
+    (a tile, or a pair of tiles on symmetric_shift's pair grid), and at most ``num_sms``."""
+    units = batch_heads * (grid.num_n // 2 if variants.schedule(schedule).grid == "pair" else grid.num_n)
+    return max(1, min(num_sms, units))
 
 
 def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, r: float) -> np.ndarray:
@@ -163,8 +164,8 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     num_m, num_n = grid.num_m, grid.num_n
     bh = batch * heads
     t = np.arange(bh * num_n, dtype=np.int64)  # claim order p
-    num_ctas = min(num_sms, t.size)
-    group_heads = claim_group(num_m, bh, num_ctas) if claim_heads is None else min(claim_heads, bh)
+    ctas = num_ctas(schedule, grid, bh, num_sms)
+    group_heads = claim_group(num_m, bh, ctas) if claim_heads is None else min(claim_heads, bh)
     group = t // (group_heads * num_n)
     first = group * group_heads
     size = np.minimum(group_heads, bh - first)
@@ -181,12 +182,12 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     index = np.full(batch * heads * num_m * num_n, -1, dtype=np.int64)
     index[key] = np.arange(key.size, dtype=np.int64)
     pred = np.where(step_n > 0, index[np.maximum(key - 1, 0)], -1)
-    cta = claim_tiles(lengths, pred, num_ctas, *costs)
+    cta = claim_tiles(lengths, pred, ctas, *costs)
     order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in claim order
     steps = np.argsort(cta[tile], kind="stable")  # the same for the steps, each tile's steps in order
-    return Orders(num_ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
+    return Orders(ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
                   step_m[steps], step_n[steps], schedule,
-                  f"{schedule} over a dynamic persistent grid of {num_ctas} CTAs (claims n-major in groups of "
+                  f"{schedule} over a dynamic persistent grid of {ctas} CTAs (claims n-major in groups of "
                   f"{group_heads} head(s))")
 
 
@@ -194,14 +195,14 @@ def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     """``shift`` on the static persistent grid (module docstring)."""
     num_m, num_n = grid.num_m, grid.num_n
     total = batch * heads * num_n
-    num_ctas = min(num_sms, total)
+    ctas = num_ctas("shift", grid, batch * heads, num_sms)
     t = np.arange(total, dtype=np.int64)
-    t = t[np.argsort(t % num_ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
+    t = t[np.argsort(t % ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
     n, q = t % num_n, t // num_n
     lengths = num_m - grid.m_min()[n]
     tile, i = _expand(lengths)
     step_n = n[tile]
-    running_t, finished_t, slot_t = _waves(t, num_n, num_ctas)
+    running_t, finished_t, slot_t = _waves(t, num_n, ctas)
     running, finished, slot = running_t[tile], finished_t[tile], slot_t[tile]
     fits = running <= num_m
     step_m = np.where(fits, (slot + i) % num_m, num_m - 1 - i)
@@ -210,10 +211,10 @@ def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     note = ""
     over = running_t > num_m
     if over.any():
-        groups = np.unique(q[over] * (total // num_ctas + 1) + t[over] // num_ctas).size
+        groups = np.unique(q[over] * (total // ctas + 1) + t[over] // ctas).size
         note = f"; {groups} (head, round) group(s) have R > M={num_m} and use the descending order"
-    return Orders(num_ctas, t % num_ctas, t // num_ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
-                  "shift", f"shift over a static persistent grid of {num_ctas} CTAs{note}")
+    return Orders(ctas, t % ctas, t // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
+                  "shift", f"shift over a static persistent grid of {ctas} CTAs{note}")
 
 
 def symmetric_shift_fallback(grid: TileGrid) -> str | None:
@@ -229,25 +230,22 @@ def symmetric_shift_fallback(grid: TileGrid) -> str | None:
     return None
 
 
-def nondeterministic_walk(grid: TileGrid) -> str:
-    """The walk of a non-deterministic backward (its dQ adds after each tile's rank-0 store are unordered, so only
-    the work balance and that first store matter): for causal masks ``symmetric_shift``'s pair grid where it applies,
-    else ``descending`` (``ascending`` would start tile n on row n, which tile 0 reaches only after n steps);
-    ``shift`` for full masks (each row's rank-0 contribution is a first step, and the static grid has no claim
-    latency).  Mirrors hopper/bwd_schedule.hpp ``choose_launch``."""
-    if grid.mask == "full":
-        return "shift"
-    return "symmetric_shift" if symmetric_shift_fallback(grid) is None else "descending"
+def fallback_reason(schedule: str, grid: TileGrid) -> str | None:
+    """Why ``schedule`` cannot run on ``grid`` as a whole (then its ``variants`` fallback runs), or None.  Only
+    symmetric_shift has call-level assumptions; shift falls back per (head, round) group inside its own order."""
+    if schedule == "symmetric_shift":
+        return symmetric_shift_fallback(grid)
+    return None
 
 
 def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     num_m, num_n, s = grid.num_m, grid.num_n, grid.block_n // grid.block_m
     pairs = num_n // 2
     total = batch * heads * pairs
-    num_ctas = min(num_sms, total)
+    ctas = num_ctas("symmetric_shift", grid, batch * heads, num_sms)
     c = np.arange(total, dtype=np.int64)
-    c = c[np.argsort(c % num_ctas, kind="stable")]
-    running, finished, slot = _waves(c, pairs, num_ctas)
+    c = c[np.argsort(c % ctas, kind="stable")]
+    running, finished, slot = _waves(c, pairs, ctas)
     # Two tiles per chunk, long (stage 0) then short (stage 1).
     c2, run2, fin2, slot2 = (np.repeat(a, 2) for a in (c, running, finished, slot))
     stage = np.tile(np.array([0, 1], dtype=np.int64), total)
@@ -265,8 +263,8 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     earlier = ff + np.maximum(0, step_m // s + 1 - num_n + ff)
     rank_long = np.where(in_rect, (np.minimum(step_m - rect_start, rr - 1) - kk) % rr, step_m // s - nn)
     step_rank = earlier + np.where(st == 0, rank_long, rr + (rr - 1 - kk))
-    return Orders(num_ctas, c2 % num_ctas, c2 // num_ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
-                  "symmetric_shift", f"symmetric_shift over a pair grid of {num_ctas} CTAs (s={s})")
+    return Orders(ctas, c2 % ctas, c2 // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
+                  "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s})")
 
 
 def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
@@ -278,13 +276,15 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
     if costs is None:
         costs = default_costs(64, grid.block_m, grid.block_n)
     if not applicable(schedule, grid.mask):
-        raise ValueError(f"schedule {schedule!r} needs mask {MASK_OF[schedule]!r}, got mask {grid.mask!r}")
-    if schedule == "symmetric_shift":
-        reason = symmetric_shift_fallback(grid)
-        if reason is None:
-            return _symmetric(grid, batch, heads, num_sms)
-        orders = _dynamic(grid, batch, heads, num_sms, "descending", costs, claim_heads)
+        raise ValueError(f"schedule {schedule!r} needs a {' or '.join(variants.schedule(schedule).masks)} mask, "
+                         f"got mask {grid.mask!r}")
+    reason = fallback_reason(schedule, grid)
+    if reason is not None:
+        used = variants.schedule(schedule).fallback
+        orders = build_orders(grid, batch, heads, num_sms, used, costs, claim_heads)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
+    if schedule == "symmetric_shift":
+        return _symmetric(grid, batch, heads, num_sms)
     if schedule == "shift":
         return _static(grid, batch, heads, num_sms)
     return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads)

@@ -1,7 +1,7 @@
-"""Tile shapes and the (m, n) tile grid of the backward pass.
+"""The (m, n) tile grid of the backward pass, for the backward tile shape of the variant table.
 
-This module is the single source of truth for the backward tile shape: the CUDA kernels, the host-side buffer sizing and
-the schedule model all read :func:`bwd_tile_shape`.
+The tile shape of each head dim is an entry of :mod:`flash_attn_dash.variants` (``HeadDim.bwd``); the kernels are
+generated from the same entry, so the model and the kernels cannot disagree on it.
 
 Conventions (kept identical to the kernels):
 
@@ -21,13 +21,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-MASKS = ("full", "causal")
+from .. import variants
 
-# head_dim -> (block_m, block_n) of the deterministic backward, identical for both masks.  FlashAttention-3 uses 80x128
-# for
-# hdim 128 full; we use 64x128 for both masks so one kernel instance serves both.  96, 192 and 256 are not built yet.
-_BWD_TILES = {64: (128, 128), 128: (64, 128)}
-_FWD_TILES = {64: (128, 128), 128: (128, 128)}
+MASKS = variants.MASKS
 
 
 def _check_mask(mask: str) -> None:
@@ -36,23 +32,10 @@ def _check_mask(mask: str) -> None:
 
 
 def bwd_tile_shape(head_dim: int, causal: bool) -> tuple[int, int]:
-    """Return ``(block_m, block_n)`` of the backward kernel for ``head_dim``.
-
-    Built: 64 -> (128, 128); 128 -> (64, 128), for both masks (``causal`` is accepted so that a future per-mask shape
-    does not change callers).  Head dims 96, 192 and 256 are not built yet.
-    """
-    del causal  # Same shape for both masks today.
-    if head_dim not in _BWD_TILES:
-        raise ValueError(f"head_dim must be one of {sorted(_BWD_TILES)} (96/192/256 are not built yet), "
-                         f"got {head_dim!r}")
-    return _BWD_TILES[head_dim]
-
-
-def fwd_tile_shape(head_dim: int) -> tuple[int, int]:
-    """Return ``(block_m, block_n)`` of the forward kernel for ``head_dim`` (used for reporting only)."""
-    if head_dim not in _FWD_TILES:
-        raise ValueError(f"head_dim must be one of {sorted(_FWD_TILES)}, got {head_dim!r}")
-    return _FWD_TILES[head_dim]
+    """``(block_m, block_n)`` of the backward kernel for ``head_dim`` (``variants.HEAD_DIMS``); ``causal`` is accepted
+    so that a per-mask shape would not change callers (both masks share one today)."""
+    del causal
+    return variants.bwd_tile(head_dim)
 
 
 def _positive(name: str, value: int) -> int:

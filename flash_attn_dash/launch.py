@@ -1,0 +1,87 @@
+"""The one place that decides how a backward runs: which order (policy), on how many CTAs, with which claim group.
+
+:func:`bwd_launch` turns a call's arguments into a :class:`BwdLaunch`, which the binding passes to the kernel launcher
+as is (the launcher only checks it, ``hopper/bwd/launch.h``). It is O(1) in the problem size: ``auto`` is a committed
+rule (:func:`flash_attn_dash.schedule.auto.auto_schedule`), fallbacks and grid sizes are closed forms of the schedule
+model (:mod:`flash_attn_dash.schedule.orders`), so the same decision is available on CPU (reference path, planner)
+and costs a few microseconds per call. The model's ``build_plan`` makes the same decision through the same functions,
+and the tests check the two against each other and against the kernel's recorded order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from . import variants
+from .schedule.auto import auto_schedule
+from .schedule.orders import claim_group, fallback_reason, num_ctas
+from .schedule.tiles import TileGrid
+
+
+@dataclass(frozen=True)
+class BwdLaunch:
+    """A fully resolved backward launch.
+
+    ``schedule``: the order that runs (a kernel policy); ``requested``: what the caller asked for (``"auto"`` resolved
+    by the rule, or the walk of a non-deterministic backward); ``fallback``: why the requested order could not run
+    this shape (``None`` if it runs); ``grid``: persistent CTAs; ``claim_group``: heads per claim group on the
+    dynamic grid (1 elsewhere).
+    """
+
+    schedule: str
+    requested: str
+    fallback: str | None
+    grid: int
+    claim_group: int
+
+    @property
+    def schedule_id(self) -> int:
+        """The policy id the kernels know the order by (``variants.SCHEDULES``)."""
+        return variants.schedule(self.schedule).id
+
+
+def check_schedule(schedule: str, causal: bool) -> None:
+    """Raise ValueError unless ``schedule`` is ``"auto"`` or an order defined for the mask (both modes alike)."""
+    mask = "causal" if causal else "full"
+    if not isinstance(schedule, str) or (schedule != "auto" and schedule not in variants.SCHEDULE_NAMES):
+        names = ", ".join(repr(s) for s in ("auto",) + variants.SCHEDULE_NAMES)
+        raise ValueError(f"schedule must be one of {names}; got {schedule!r}")
+    if schedule != "auto" and mask not in variants.schedule(schedule).masks:
+        valid = ", ".join(repr(s) for s in ("auto",) + variants.schedules_for(mask))
+        raise ValueError(f"schedule={schedule!r} is defined for {' and '.join(variants.schedule(schedule).masks)} "
+                         f"masks only (causal={causal}); valid for {mask} masks: {valid}")
+
+
+@lru_cache(maxsize=4096)
+def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
+               deterministic: bool, schedule: str = "auto") -> BwdLaunch:
+    """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs.
+
+    Deterministic: ``schedule`` (``"auto"``: :func:`auto_schedule`) unless its assumptions fail for the shape, then
+    its fallback. Non-deterministic: the first walk of ``variants.NONDETERMINISTIC_WALKS`` whose assumptions hold;
+    ``schedule`` is validated but not used. Raises ValueError for a schedule not defined for the mask or a head dim
+    without a backward kernel.
+    """
+    check_schedule(schedule, causal)
+    mask = "causal" if causal else "full"
+    block_m, block_n = variants.bwd_tile(head_dim)
+    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n)
+    if deterministic:
+        wanted = auto_schedule(mask, head_dim, seqlen_q, seqlen_k) if schedule == "auto" else schedule
+        candidates = (wanted,)
+    else:
+        candidates = variants.NONDETERMINISTIC_WALKS[mask]
+        wanted = candidates[0]
+    for name in candidates:
+        why = fallback_reason(name, grid)
+        if why is None:
+            used = name
+            break
+    else:  # the last candidate falls back to its table fallback
+        used = variants.schedule(candidates[-1]).fallback
+    fallback = None if used == wanted else fallback_reason(wanted, grid)
+    ctas = num_ctas(used, grid, batch * heads, num_sms)
+    dynamic = variants.schedule(used).grid == "dynamic"
+    group = claim_group(grid.num_m, batch * heads, ctas) if (dynamic and deterministic) else 1
+    return BwdLaunch(used, wanted, fallback, ctas, group)

@@ -1,0 +1,188 @@
+"""Every kernel variant flash-attn-dash can compile, in one declarative table.
+
+``hopper/generate.py`` writes from this table the kernel translation units and schedule header under
+``hopper/generated/`` and the binding's kernel table ``csrc/kernel_table.h``; the package reads head dims, tile shapes
+and schedule names and ids from here. The build knobs ``FLASH_DASH_HDIMS``, ``FLASH_DASH_DTYPES`` and
+``FLASH_DASH_PASSES`` select subsets of it (``build_config.py``).
+
+A new head dim is a new :class:`HeadDim` entry; a new backward order is a policy in ``hopper/schedule/policies.hpp``,
+a :class:`Schedule` entry here and its model in ``flash_attn_dash/schedule/orders.py``. Run
+``python hopper/generate.py`` after editing; CI fails while a generated file is stale.
+
+Pure Python (no torch): setup.py and the generator import it before torch exists.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MASKS = ("full", "causal")
+DTYPES = ("bf16", "fp16")
+PASSES = ("fwd", "bwd")
+
+
+@dataclass(frozen=True)
+class FwdTile:
+    """One forward kernel configuration.
+
+    ``block_m`` query rows per tile (one consumer warpgroup per 64 rows) by ``block_n`` keys per step, ``kv_stages``
+    shared-memory stages of K and of V, ``q_stages`` Q buffers (2: the next tile's Q is loaded a tile ahead).
+    ``l2_prefetch``: launches with this configuration prefetch the CTA's next tile (its Q and first two K/V blocks)
+    into L2 once the current tile's first loads are out; it pays where all CTAs cross tile boundaries together
+    (full masks).
+    """
+
+    block_m: int
+    block_n: int
+    kv_stages: int
+    q_stages: int = 1
+    l2_prefetch: bool = False
+
+    def same_kernel(self, other: FwdTile) -> bool:
+        """Whether two configurations compile to one kernel (they differ at most in the launch-time prefetch)."""
+        return (self.block_m, self.block_n, self.kv_stages, self.q_stages) == \
+            (other.block_m, other.block_n, other.kv_stages, other.q_stages)
+
+
+@dataclass(frozen=True)
+class BwdTile:
+    """One backward kernel configuration: ``block_m`` x ``block_n`` tiles (Q rows x K/V rows) and the ``setmaxnreg``
+    split between the producer/dQ-store warpgroup and the two MMA warpgroups (it must fit the launch allocation of
+    168 registers x 384 threads)."""
+
+    block_m: int
+    block_n: int
+    producer_regs: int
+    mma_regs: int
+
+
+@dataclass(frozen=True)
+class HeadDim:
+    """Kernels of one head dim (``qk`` for Q/K, ``v`` for V and the output), per pass and mask."""
+
+    qk: int
+    v: int
+    fwd_full: FwdTile
+    fwd_causal: FwdTile
+    bwd: BwdTile
+
+    @property
+    def tag(self) -> str:
+        """``hdim128`` (or ``hdim192v128`` when the V head dim differs)."""
+        return f"hdim{self.qk}" if self.qk == self.v else f"hdim{self.qk}v{self.v}"
+
+    def fwd(self, mask: str) -> FwdTile:
+        _check_mask(mask)
+        return self.fwd_causal if mask == "causal" else self.fwd_full
+
+
+# Tile configurations chosen by measurement on the H200 (benchmarks/results/README.md).
+HEAD_DIMS: tuple[HeadDim, ...] = (
+    HeadDim(64, 64,
+            fwd_full=FwdTile(192, 128, kv_stages=3),
+            fwd_causal=FwdTile(192, 128, kv_stages=3),
+            bwd=BwdTile(128, 128, producer_regs=24, mma_regs=240)),
+    HeadDim(128, 128,
+            fwd_full=FwdTile(128, 128, kv_stages=2, q_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 128, kv_stages=2, q_stages=2),
+            bwd=BwdTile(64, 128, producer_regs=40, mma_regs=232)),
+)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A dQ accumulation order of the backward (the DASH schedules).
+
+    ``policy`` is the C++ policy type in ``hopper/schedule/policies.hpp`` (it may use the kernel's ``Traits``) and
+    ``requires`` a compile-time condition on ``Traits`` for it to be instantiated. ``fallback`` is the order that runs
+    when a call's shape breaks this order's assumptions (the model's ``orders.fallback_reason`` says when).
+    """
+
+    name: str
+    id: int
+    masks: tuple[str, ...]
+    policy: str
+    grid: str  # "dynamic" (claimed tiles), "static" (tile t on CTA t mod G) or "pair" (tiles n and N-1-n together)
+    requires: str = "true"
+    fallback: str | None = None
+
+
+SCHEDULES: tuple[Schedule, ...] = (
+    Schedule("ascending", 0, MASKS, "Ascending", grid="dynamic"),
+    Schedule("descending", 1, MASKS, "Descending", grid="dynamic"),
+    Schedule("shift", 2, ("full",), "Shift", grid="static"),
+    Schedule("symmetric_shift", 3, ("causal",), "SymmetricShift<Traits::kBlockN / Traits::kBlockM>", grid="pair",
+             requires="Traits::kBlockN % Traits::kBlockM == 0", fallback="descending"),
+)
+
+# The walk of a non-deterministic backward, per mask: the first order whose assumptions hold for the call. Its dQ adds
+# after each tile's first store are unordered, so only the work balance and that first store matter: full masks take
+# shift (every row's first contribution is a first step, and the static grid has no claim latency), causal masks the
+# balanced pair grid, else descending (ascending would start tile n on row n, which tile 0 reaches after n steps).
+NONDETERMINISTIC_WALKS: dict[str, tuple[str, ...]] = {
+    "full": ("shift",),
+    "causal": ("symmetric_shift", "descending"),
+}
+
+SCHEDULE_NAMES: tuple[str, ...] = tuple(s.name for s in SCHEDULES)
+
+
+def _check_mask(mask: str) -> None:
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+
+
+def schedule(name: str) -> Schedule:
+    """The table entry of schedule ``name``."""
+    for s in SCHEDULES:
+        if s.name == name:
+            return s
+    raise ValueError(f"schedule must be one of {', '.join(repr(n) for n in SCHEDULE_NAMES)}; got {name!r}")
+
+
+def schedules_for(mask: str) -> tuple[str, ...]:
+    """Names of the schedules defined for ``mask``, in table order."""
+    _check_mask(mask)
+    return tuple(s.name for s in SCHEDULES if mask in s.masks)
+
+
+def head_dim(qk: int, v: int | None = None) -> HeadDim:
+    """The table entry of head dim ``qk`` (V head dim ``v``, default ``qk``)."""
+    v = qk if v is None else v
+    for h in HEAD_DIMS:
+        if (h.qk, h.v) == (qk, v):
+            return h
+    known = ", ".join(str(h.qk) if h.qk == h.v else f"({h.qk}, {h.v})" for h in HEAD_DIMS)
+    raise ValueError(f"head_dim must be one of {known} (the kernels in flash_attn_dash/variants.py), got "
+                     f"{qk if qk == v else (qk, v)}")
+
+
+def bwd_tile(qk: int, v: int | None = None) -> tuple[int, int]:
+    """``(block_m, block_n)`` of the backward kernel of this head dim (both masks)."""
+    t = head_dim(qk, v).bwd
+    return t.block_m, t.block_n
+
+
+def fwd_tile(qk: int, mask: str, v: int | None = None) -> tuple[int, int]:
+    """``(block_m, block_n)`` of the forward kernel of this head dim and mask."""
+    t = head_dim(qk, v).fwd(mask)
+    return t.block_m, t.block_n
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One kernel translation unit: a pass for one head dim and dtype."""
+
+    pass_: str
+    head: HeadDim
+    dtype: str
+
+    @property
+    def name(self) -> str:
+        """``fwd_hdim128_bf16``: the instantiation's name, its file stem and its entry point's suffix."""
+        return f"{self.pass_}_{self.head.tag}_{self.dtype}"
+
+
+def variants() -> tuple[Variant, ...]:
+    """Every translation unit of the table, in a fixed order."""
+    return tuple(Variant(p, h, d) for p in PASSES for h in HEAD_DIMS for d in DTYPES)

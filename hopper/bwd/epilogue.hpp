@@ -1,0 +1,79 @@
+// dK/dV epilogue of the backward kernel: scale dK, then either store both in the input dtype
+// (no GQA; rows >= sk are not written) or add them in fp32 into the GQA accumulators
+// (deterministic mode: in the order rank = h % group, one counter per (n, b, kv head)).
+#pragma once
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "bwd/barriers.hpp"
+#include "bwd/semaphore.hpp"
+#include "schedule/policies.hpp"
+
+namespace flash_dash {
+namespace bwd {
+
+template <class Traits, bool Deterministic>
+struct BwdEpilogue {
+    template <class Params, class TiledMma, class Acc>
+    CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c, int tid,
+                                     TiledMma& mma_dkv, Acc& tdKacc, Acc& tdVacc) {
+        using namespace cute;
+        using Element = typename Traits::Element;
+        constexpr int kBlockN = Traits::kBlockN;
+        constexpr int kHeadDim = Traits::kHeadDim;
+        auto thr = mma_dkv.get_thread_slice(tid);
+        Tensor cKV = make_identity_tensor(Shape<typename Traits::TileN, typename Traits::TileD>{});
+        Tensor tcKV = thr.partition_C(cKV);
+        float const scale = params.softmax_scale;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
+        int const hk = c.h / params.group;
+        int const n_base = c.n * kBlockN;
+        if (params.dk_accum == nullptr) {
+            // Pairs (2i, 2i+1) of the accumulator are adjacent columns of one row.
+            Element* dk = params.dk + c.b * params.dk_batch + hk * params.dk_head;
+            Element* dv = params.dv + c.b * params.dv_batch + hk * params.dv_head;
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(tdKacc); i += 2) {
+                int const row = n_base + get<0>(tcKV(i));
+                int const col = get<1>(tcKV(i));
+                if (row < sched.seqlen_k) {
+                    cutlass::NumericArrayConverter<Element, float, 2> cvt;
+                    cutlass::Array<float, 2> k2, v2;
+                    k2[0] = tdKacc(i); k2[1] = tdKacc(i + 1);
+                    v2[0] = tdVacc(i); v2[1] = tdVacc(i + 1);
+                    auto ko = cvt(k2);
+                    auto vo = cvt(v2);
+                    *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + row * params.dk_row + col) = ko;
+                    *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + row * params.dv_row + col) = vo;
+                }
+            }
+        } else {
+            // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major, padded rows (no bounds check).
+            int64_t const base = ((int64_t(c.b) * sched.heads_k + hk) * sched.num_n + c.n) * int64_t(kBlockN * kHeadDim);
+            float* dk = params.dk_accum + base;
+            float* dv = params.dv_accum + base;
+            int* sem = params.dkv_sem + (int64_t(c.n) * sched.batch + c.b) * sched.heads_k + hk;
+            if constexpr (Deterministic) {
+                cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+                if (tid == 0) { wait_eq(sem, c.h % params.group); }
+                cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+            }
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(tdKacc); ++i) {
+                int const off = get<0>(tcKV(i)) * kHeadDim + get<1>(tcKV(i));
+                atomicAdd(dk + off, tdKacc(i));
+                atomicAdd(dv + off, tdVacc(i));
+            }
+            if constexpr (Deterministic) {
+                __threadfence();
+                cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+                if (tid == 0) { fence_acq_rel_gpu(); red_release_add(sem, 1); }
+            }
+        }
+    }
+};
+
+}  // namespace bwd
+}  // namespace flash_dash

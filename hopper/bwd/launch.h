@@ -1,0 +1,211 @@
+// Host side of the backward: workspace layout, the check of the resolved launch, mode/policy dispatch and the
+// preprocess, main and postprocess launches.
+#pragma once
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+#include <cuda_runtime.h>
+
+#include "bwd/kernel.h"
+#include "bwd/postprocess.hpp"
+#include "bwd/preprocess.hpp"
+#include "common/flash_params.h"
+#include "common/launch_utils.h"
+#include "generated/schedules.h"
+
+namespace flash_dash {
+namespace bwd {
+
+inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
+
+// Workspace layout (byte offsets, 256-aligned):
+//   dq_accum  fp32 (B, H, M*kBlockM, d)   per tile m: kBlockM*d floats in dQ-MMA accumulator order
+//   dpsum     fp32 (B, H, M*kBlockM)
+//   lse_log2  fp32 (B, H, M*kBlockM)
+//   dq_sem    int32 (M, B, H)
+//   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
+//   GQA only: dk_accum, dv_accum fp32 (B, Hk, N*kBlockN, d) row-major; dkv_sem int32 (N, B, Hk)
+struct WorkspaceLayout {
+    size_t dq_accum, dpsum, lse_log2, dq_sem, tile_counter, dk_accum, dv_accum, dkv_sem, total;
+    bool gqa;
+};
+
+template <class Traits>
+WorkspaceLayout workspace_layout(BwdParams const& p) {
+    WorkspaceLayout w{};
+    int64_t const M = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
+    int64_t const N = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
+    int64_t const bh = int64_t(p.batch) * p.num_heads;
+    int64_t const bhk = int64_t(p.batch) * p.num_heads_k;
+    size_t off = 0;
+    w.dq_accum = off; off = align_up(off + size_t(bh * M * Traits::kBlockM * Traits::kHeadDim) * 4);
+    w.dpsum = off;    off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
+    w.lse_log2 = off; off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
+    w.dq_sem = off;   off = align_up(off + size_t(M * bh) * 4);
+    w.tile_counter = off; off = align_up(off + 4);
+    w.gqa = p.num_heads_k != p.num_heads;
+    if (w.gqa) {
+        w.dk_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
+        w.dv_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
+        w.dkv_sem = off;  off = align_up(off + size_t(N * bhk) * 4);
+    }
+    w.total = off;
+    return w;
+}
+
+template <class Traits, bool Is_causal, bool Deterministic, class Policy>
+void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
+    auto kernel = bwd_kernel_sm90<Traits, Is_causal, Deterministic, Policy>;
+    allow_dynamic_smem(kernel, Traits::kSmemBytes);
+    kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
+    check_launch("backward main kernel launch");
+}
+
+// Launches the main kernel of the call's mask, mode and policy; launch_error has checked that it is instantiated
+// (generated/schedules.h says which are).
+template <class Traits, bool Is_causal, bool Deterministic>
+void launch_policy(Schedule policy, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
+    with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
+        launch_main<Traits, Is_causal, Deterministic, typename decltype(tag)::type>(kp, grid, stream);
+    });
+}
+
+// Whether the backward of Traits instantiates `policy` for this mask and mode.
+template <class Traits>
+bool instantiated(Schedule policy, bool causal, bool deterministic) {
+    auto none = [](auto) {};
+    if (causal) {
+        return deterministic ? with_policy<Traits, true, true>(policy, none) : with_policy<Traits, true, false>(policy, none);
+    }
+    return deterministic ? with_policy<Traits, false, true>(policy, none) : with_policy<Traits, false, false>(policy, none);
+}
+
+// Why the resolved launch (policy, grid, claim group from flash_attn_dash/launch.py) cannot run this shape, or
+// nullptr: the launcher's check of the Python decision, before anything is launched.
+template <class Traits>
+char const* launch_error(BwdParams const& p, SchedShape const& s) {
+    int64_t const units = p.schedule == Schedule::kSymmetricShift ? int64_t(s.batch) * s.heads * (s.num_n / 2)
+                                                                   : int64_t(s.batch) * s.heads * s.num_n;
+    if (p.grid < 1 || p.grid > p.num_sms || p.grid > units) {
+        return "flash_dash bwd: grid must be in [1, min(SM count - sm_margin, work units)]";
+    }
+    if (p.claim_group < 1 || int64_t(p.claim_group) > int64_t(s.batch) * s.heads) {
+        return "flash_dash bwd: claim_group must be in [1, batch * heads]";
+    }
+    if (!tile_count_fits(int64_t(s.batch) * s.heads * s.num_n, p.grid)) {
+        return "flash_dash bwd: too many tiles (batch * heads * K/V tiles must stay below 2^31 - 2 * grid)";
+    }
+    if (!instantiated<Traits>(p.schedule, p.is_causal, p.deterministic)) {
+        return p.deterministic ? "flash_dash bwd: no deterministic kernel runs this schedule"
+                               : "flash_dash bwd: no non-deterministic kernel runs this schedule (flash_attn_dash.launch "
+                                 "picks one of variants.NONDETERMINISTIC_WALKS)";
+    }
+    // Deterministic backwards instantiate every order defined for the mask.
+    char const* why = nullptr;
+    auto check = [&](auto tag) { why = decltype(tag)::type::unsupported(s); };
+    if (p.is_causal) { with_policy<Traits, true, true>(p.schedule, check); }
+    else { with_policy<Traits, false, true>(p.schedule, check); }
+    return why;
+}
+
+template <class Traits>
+void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
+    using Element = typename Traits::Element;
+    constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+    if (int(p.schedule) < 0 || int(p.schedule) >= kNumSchedules) {
+        throw std::invalid_argument("flash_dash bwd: unknown schedule id " + std::to_string(int(p.schedule)));
+    }
+    if (char const* why = mask_mismatch(p.schedule, p.is_causal)) { throw std::invalid_argument(why); }
+    if (p.head_dim != kHeadDim) { throw std::invalid_argument("flash_dash bwd: head_dim mismatch"); }
+    if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
+        throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
+    }
+    if (p.batch <= 0 || p.num_heads <= 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) { return; }
+    WorkspaceLayout const w = workspace_layout<Traits>(p);
+    char* ws = static_cast<char*>(workspace);
+    int const M = (p.seqlen_q + kBlockM - 1) / kBlockM;
+    int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    SchedShape s{};
+    s.batch = p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
+    s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
+    s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
+    s.grid = p.grid; s.causal = p.is_causal;
+    s.claim_group = p.claim_group;
+    if (char const* why = launch_error<Traits>(p, s)) { throw std::invalid_argument(why); }
+    int const grid = p.grid;
+
+    if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
+
+    PreprocessParams pre{};
+    pre.dout = p.dout; pre.out = p.out; pre.lse = p.lse;
+    pre.do_row = p.do_stride.row; pre.do_head = p.do_stride.head; pre.do_batch = p.do_stride.batch;
+    pre.o_row = p.o_stride.row; pre.o_head = p.o_stride.head; pre.o_batch = p.o_stride.batch;
+    pre.batch = p.batch; pre.heads = p.num_heads; pre.seqlen_q = p.seqlen_q; pre.num_m = M;
+    pre.dpsum = reinterpret_cast<float*>(ws + w.dpsum);
+    pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
+    pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
+    pre.tile_counter = reinterpret_cast<int*>(ws + w.tile_counter);
+    bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads, 0, stream>>>(pre);
+    check_launch("preprocess launch");
+
+    using KP = BwdKernelParams<Traits>;
+    KP kp{};
+    auto mk = [](void const* ptr, int s, int h, int b, TensorStrides const& st, int d) {
+        return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(s, d, h, b),
+                           make_stride(st.row, _1{}, st.head, st.batch));
+    };
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mk(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_stride, kHeadDim),
+                             take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mk(p.dout, p.seqlen_q, p.num_heads, p.batch, p.do_stride, kHeadDim),
+                              take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mk(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_stride, kHeadDim),
+                             typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_stride, kHeadDim),
+                             typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
+    kp.sched = s;
+    kp.head_dim = kHeadDim;
+    kp.group = p.num_heads / p.num_heads_k;
+    kp.softmax_scale = p.softmax_scale;
+    kp.scale_log2 = p.softmax_scale * float(M_LOG2E);
+    kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum); kp.dpsum = pre.dpsum; kp.lse_log2 = pre.lse_log2; kp.dq_sem = pre.dq_sem;
+    kp.tile_counter = pre.tile_counter;
+    kp.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
+    kp.dv_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dv_accum) : nullptr;
+    kp.dkv_sem = w.gqa ? reinterpret_cast<int*>(ws + w.dkv_sem) : nullptr;
+    kp.dk = static_cast<Element*>(p.dk); kp.dv = static_cast<Element*>(p.dv);
+    kp.dk_row = p.dk_stride.row; kp.dk_head = p.dk_stride.head; kp.dk_batch = p.dk_stride.batch;
+    kp.dv_row = p.dv_stride.row; kp.dv_head = p.dv_stride.head; kp.dv_batch = p.dv_stride.batch;
+    kp.order_trace = p.order_trace;
+    kp.timeline = p.timeline;
+
+    if (p.is_causal) {
+        if (p.deterministic) launch_policy<Traits, true, true>(p.schedule, kp, grid, stream);
+        else launch_policy<Traits, true, false>(p.schedule, kp, grid, stream);
+    } else {
+        if (p.deterministic) launch_policy<Traits, false, true>(p.schedule, kp, grid, stream);
+        else launch_policy<Traits, false, false>(p.schedule, kp, grid, stream);
+    }
+
+    PostprocessParams post{};
+    post.dq_accum = kp.dq_accum; post.dq = p.dq;
+    post.dq_row = p.dq_stride.row; post.dq_head = p.dq_stride.head; post.dq_batch = p.dq_stride.batch;
+    post.batch = p.batch; post.heads = p.num_heads; post.seqlen_q = p.seqlen_q; post.num_m = M;
+    post.first_m = m_min_of(kp.sched, 0);
+    post.scale = p.softmax_scale;
+    bwd_postprocess_dq_kernel<Traits><<<dim3(M, p.num_heads, p.batch), kPostprocessThreads, 0, stream>>>(post);
+    check_launch("postprocess dq launch");
+    if (w.gqa) {
+        PostprocessKVParams kv{};
+        kv.batch_size = p.batch; kv.heads_k = p.num_heads_k; kv.seqlen_k = p.seqlen_k; kv.rows_padded = N * kBlockN;
+        int64_t const total = int64_t(p.batch) * p.num_heads_k * p.seqlen_k * (kHeadDim / 8);
+        int const blocks = int(std::min<int64_t>((total + kPostprocessThreads - 1) / kPostprocessThreads, 65535));
+        kv.accum = kp.dk_accum; kv.out = p.dk; kv.row = p.dk_stride.row; kv.head = p.dk_stride.head; kv.batch = p.dk_stride.batch;
+        bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+        kv.accum = kp.dv_accum; kv.out = p.dv; kv.row = p.dv_stride.row; kv.head = p.dv_stride.head; kv.batch = p.dv_stride.batch;
+        bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+        check_launch("postprocess dk/dv launch");
+    }
+}
+
+}  // namespace bwd
+}  // namespace flash_dash

@@ -1,0 +1,167 @@
+// Backward MMA role (warpgroups 1 and 2): per step S^T = K Q^T and dP^T = V dO^T, P and dS in registers,
+// dV += P^T dO and dK += dS^T Q accumulated over the tile's steps, and a fresh dQ = dS K per step handed to the
+// dQ-store warp; per tile the dK/dV epilogue.
+#pragma once
+#include <cmath>
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "bwd/barriers.hpp"
+#include "bwd/epilogue.hpp"
+#include "bwd/kernel_params.hpp"
+#include "common/utils.hpp"
+#include "schedule/tile_walk.hpp"
+
+namespace flash_dash {
+namespace bwd {
+
+template <class Traits, bool Is_causal, bool Deterministic, class Policy>
+struct BwdMainloop {
+    using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
+    using Element = typename Traits::Element;
+    using SharedStorage = typename Traits::SharedStorage;
+    using PipelineQ = typename Traits::PipelineQ;
+    using Handoff = typename Traits::DqHandoffT;
+    using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
+    using ClusterBar = cutlass::arch::ClusterBarrier;
+
+    // tid: thread index within the MMA warpgroups (0 .. NumMmaThreads - 1).
+    CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, PipelineQ& pipeline_q,
+                                   PipelineQ& pipeline_do, int tid, int num_tiles) {
+        using namespace cute;
+        constexpr int kBlockM = Traits::kBlockM;
+        constexpr int kBlockN = Traits::kBlockN;
+        constexpr int NumMmaThreads = Traits::NumMmaThreads;
+        SchedShape const& sched = params.sched;
+        int const wg = tid / 128;
+        Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
+        Tensor sQt = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQt{});
+        Tensor sdOt = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdOt{});
+        Tensor sKt = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKt{});
+        Tensor sdS = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdS{});
+        Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
+
+        typename Traits::TiledMmaSdP mma_sdp;
+        typename Traits::TiledMmadKV mma_dkv;
+        typename Traits::TiledMmadQ mma_dq;
+        auto thr_sdp = mma_sdp.get_thread_slice(tid);
+        auto thr_dkv = mma_dkv.get_thread_slice(tid);
+        auto thr_dq = mma_dq.get_thread_slice(tid);
+
+        Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+        Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+        Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
+        Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
+        Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
+        Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+        Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+        Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
+
+        auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+        auto thr_r2s = r2s.get_thread_slice(tid);
+        Tensor tdSsdS = thr_r2s.partition_D(as_position_independent_swizzle_tensor(sdSt));
+
+        Tensor cS = make_identity_tensor(Shape<typename Traits::TileN, typename Traits::TileM>{});
+        Tensor tScS = thr_sdp.partition_C(cS);
+
+        cutlass::PipelineState<Traits::kStages> pipe_read;
+        int kv_iter = 0;
+        int ds_stage = 0;
+        int const off = sched.seqlen_k - sched.seqlen_q;
+        int const t_in_wg = tid % 128;
+
+        int read = 0;
+        for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
+             t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
+            TileCtx const c = Policy::make_ctx(sched, t);
+            auto const st = Policy::init(sched, c);
+            int const steps = Policy::num_steps(sched, c, st);
+            Tensor tdKacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
+            Tensor tdVacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
+            clear(tdKacc);
+            clear(tdVacc);
+            int const n_base = c.n * kBlockN;
+            if (steps > 0) {
+                ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);
+                for (int step = 0; step < steps; ++step) {
+                    int const m = Policy::m_block(sched, c, st, step);
+                    int const m_base = m * kBlockM;
+                    int const s = pipe_read.index();
+                    Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
+                    Tensor tdPacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
+                    pipeline_q.consumer_wait(pipe_read);
+                    wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
+                    pipeline_do.consumer_wait(pipe_read);
+                    wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
+                    warpgroup_wait<1>();
+                    float const* slse = &ss.smem_lse[s * kBlockM];
+                    bool const need_mask = (m_base + kBlockM > sched.seqlen_q) || (n_base + kBlockN > sched.seqlen_k) ||
+                                           (Is_causal && n_base + kBlockN - 1 > m_base + off);
+                    if (need_mask) {
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            int const row = n_base + get<0>(tScS(i));  // key
+                            int const col = m_base + get<1>(tScS(i));  // query
+                            bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q || (Is_causal && row > col + off);
+                            tSacc(i) = masked ? -INFINITY : tSacc(i);
+                        }
+                    }
+                    float const scale_log2 = params.scale_log2;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int i = 0; i < size(tSacc); ++i) {
+                        tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                    }
+                    warpgroup_wait<0>();
+                    float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int i = 0; i < size(tdPacc); ++i) {
+                        tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                    }
+                    Tensor rP = make_tensor_like<Element>(tSacc);
+                    Tensor rdS = make_tensor_like<Element>(tdPacc);
+                    convert_fragment(tSacc, rP);
+                    convert_fragment(tdPacc, rdS);
+                    // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
+                    copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
+                    cutlass::arch::fence_view_async_shared();
+                    cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
+
+                    Tensor tdVrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
+                    Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_to_a_operand(rdS.layout()));
+                    wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
+                    Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
+                    wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
+                    wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                    warpgroup_wait<1>();  // dV and dQ retired
+                    pipeline_do.consumer_release(pipe_read);
+                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
+                    float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
+                    Handoff::mma_acquire(wg);
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
+                        float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
+                        *reinterpret_cast<float4*>(&sdq[Handoff::float4_offset(j, t_in_wg)]) = v;
+                    }
+                    cutlass::arch::fence_view_async_shared();
+                    Handoff::mma_commit(wg);
+                    warpgroup_wait<0>();
+                    pipeline_q.consumer_release(pipe_read);
+                    ++pipe_read;
+                    ds_stage ^= 1;
+                }
+                // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
+                ClusterBar::arrive(&ss.barrier_kv_empty);
+                ++kv_iter;
+            }
+            BwdEpilogue<Traits, Deterministic>::store(params, sched, c, tid, mma_dkv, tdKacc, tdVacc);
+        }
+    }
+};
+
+}  // namespace bwd
+}  // namespace flash_dash

@@ -1,0 +1,68 @@
+// Backward preprocess: dPsum = rowsum(dO * O) (fp32), LSE in log2 units (-inf -> 0; padded rows 0),
+// zeroed dQ semaphore (the main kernel's first contribution to a dQ tile stores, so the fp32
+// accumulator needs no zero fill) and tile counter. Grid (M, H, B), kPreprocessThreads threads.
+#pragma once
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/array.h>
+#include <cstdint>
+
+namespace flash_dash {
+namespace bwd {
+
+struct PreprocessParams {
+    void const* dout;
+    void const* out;
+    float const* lse;  // (b, h, sq) contiguous
+    int64_t do_row, do_head, do_batch, o_row, o_head, o_batch;
+    int batch, heads, seqlen_q, num_m;
+    float* dpsum;
+    float* lse_log2;
+    int* dq_sem;
+    int* tile_counter;
+};
+
+constexpr int kPreprocessThreads = 256;
+
+template <class Element, int kBlockM, int kHeadDim>
+__global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(PreprocessParams const p) {
+    constexpr int kTPR = kHeadDim / 8;                  // threads per row, 8 elements each
+    constexpr int kRPP = kPreprocessThreads / kTPR;     // rows per pass
+    static_assert(32 % kTPR == 0);
+    int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    int const tr = threadIdx.x / kTPR, tc = threadIdx.x % kTPR;
+    int64_t const bh = int64_t(b) * p.heads + h;
+    Element const* dO = static_cast<Element const*>(p.dout) + b * p.do_batch + h * p.do_head;
+    Element const* O = static_cast<Element const*>(p.out) + b * p.o_batch + h * p.o_head;
+    cutlass::NumericArrayConverter<float, Element, 8> cvt;
+    for (int r = tr; r < kBlockM; r += kRPP) {
+        int const row = m * kBlockM + r;
+        float acc = 0.f;
+        if (row < p.seqlen_q) {
+            auto a = *reinterpret_cast<cutlass::Array<Element, 8> const*>(dO + row * p.do_row + tc * 8);
+            auto o = *reinterpret_cast<cutlass::Array<Element, 8> const*>(O + row * p.o_row + tc * 8);
+            auto af = cvt(a);
+            auto of = cvt(o);
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < 8; ++i) { acc += af[i] * of[i]; }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int s = kTPR / 2; s > 0; s /= 2) { acc += __shfl_xor_sync(0xffffffffu, acc, s); }
+        if (tc == 0) {
+            int64_t const idx = bh * p.num_m * kBlockM + row;
+            p.dpsum[idx] = acc;
+            float l = 0.f;
+            if (row < p.seqlen_q) {
+                float const v = p.lse[bh * p.seqlen_q + row];
+                l = (v == -INFINITY) ? 0.f : v * float(M_LOG2E);
+            }
+            p.lse_log2[idx] = l;
+        }
+    }
+    if (threadIdx.x == 0) { p.dq_sem[(int64_t(m) * p.batch + b) * p.heads + h] = 0; }
+    if (threadIdx.x == 0 && m == 0 && h == 0 && b == 0) { *p.tile_counter = 0; }
+}
+
+}  // namespace bwd
+}  // namespace flash_dash

@@ -1,0 +1,46 @@
+// Torch-free parameter blocks shared by the binding (csrc/) and the kernels (hopper/).
+// Tensors are (batch, seqlen, heads, head_dim) with the last dim contiguous; strides are in elements.
+#pragma once
+#include <cstdint>
+
+#include "generated/schedule_ids.h"
+
+namespace flash_dash {
+
+struct TensorStrides {
+    int64_t batch, row, head;
+};
+
+struct FwdParams {
+    const void* q;
+    const void* k;
+    const void* v;
+    void* out;   // (b, sq, h, d), input dtype
+    float* lse;  // (b, h, sq) fp32, natural log; -inf for rows that see no key
+    TensorStrides q_stride, k_stride, v_stride, o_stride;
+    int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
+    float softmax_scale;
+    bool is_causal;  // aligned bottom-right when seqlen_q != seqlen_k
+    int num_sms;     // CTAs the persistent grid may use: SM count - sm_margin
+};
+
+struct BwdParams : FwdParams {
+    const void* dout;  // (b, sq, h, d)
+    void* dq;          // (b, sq, h, d)
+    void* dk;          // (b, sk, h_k, d)
+    void* dv;          // (b, sk, h_k, d)
+    TensorStrides do_stride, dq_stride, dk_stride, dv_stride;
+    bool deterministic;
+    // The resolved launch (flash_attn_dash/launch.py decides it, the launcher checks it): the policy that runs,
+    // its persistent grid size and, on the dynamic grid, the heads per claim group.
+    Schedule schedule;
+    int grid;
+    int claim_group;
+    // Debug only (nullptr otherwise): per dQ tile (b, h, m), the K/V tile indices n in arrival order.
+    int* order_trace;
+    // Diagnostic only (nullptr otherwise; kernels built with FLASH_DASH_BWD_TIMELINE=1 fill it, others
+    // ignore it): StepTimeline records (bwd/timeline.hpp), int64 (b, h, M, N, 5).
+    long long* timeline;
+};
+
+}  // namespace flash_dash

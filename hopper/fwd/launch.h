@@ -1,0 +1,94 @@
+// Host side of the forward: builds the TMA descriptors and the kernel's parameters, and launches the kernel of the
+// call's mask (the configurations come from the generated translation units, hopper/generated/).
+//
+// Requirements the binding must check (TMA): q/k/v/out base pointers 16-byte aligned; every
+// batch/row/head stride (in elements) a multiple of 8 for 16-bit types (16 bytes); last dim
+// contiguous; head_dim == kHeadDim; num_heads % num_heads_k == 0; lse contiguous (b, h, sq) fp32;
+// all strides < 2^40 bytes and seqlens/heads/batch < 2^31 (TMA global dims are 32-bit).
+#pragma once
+
+#include <algorithm>
+#include <cuda_runtime.h>
+
+#include "common/flash_params.h"
+#include "common/launch_utils.h"
+#include "fwd/kernel.h"
+#include "fwd/traits.h"
+
+namespace flash_dash {
+
+template <class Traits>
+void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
+    using namespace cute;
+    using Element = typename Traits::Element;
+    using GmemLayoutT = typename Traits::GmemLayoutT;
+    constexpr int kHeadDim = Traits::kHeadDim;
+
+    auto gmem_layout = [](int seqlen, int heads, int batch, TensorStrides const& s) {
+        return make_layout(make_shape(int32_t(seqlen), int32_t(kHeadDim), int32_t(heads), int32_t(batch)),
+                           make_stride(int64_t(s.row), _1{}, int64_t(s.head), int64_t(s.batch)));
+    };
+    // seqlen_k == 0 still needs a valid K/V descriptor (no block is ever loaded): use 1 row.
+    int const sk_desc = std::max(p.seqlen_k, 1);
+    GmemLayoutT const lq = gmem_layout(p.seqlen_q, p.num_heads, p.batch, p.q_stride);
+    GmemLayoutT const lk = gmem_layout(sk_desc, p.num_heads_k, p.batch, p.k_stride);
+    GmemLayoutT const lv = gmem_layout(sk_desc, p.num_heads_k, p.batch, p.v_stride);
+    GmemLayoutT const lo = gmem_layout(p.seqlen_q, p.num_heads, p.batch, p.o_stride);
+
+    typename Traits::Params kp{
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQStage, Traits::kBlockM>(
+            SM90_TMA_LOAD{}, static_cast<Element const*>(p.q), lq),
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
+            SM90_TMA_LOAD{}, static_cast<Element const*>(p.k), lk),
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
+            SM90_TMA_LOAD{}, static_cast<Element const*>(p.v), lv),
+        Traits::template make_tma<SM90_TMA_STORE, typename Traits::SmemLayoutOStage, Traits::kORows>(
+            SM90_TMA_STORE{}, static_cast<Element*>(p.out), lo),
+        p.lse,
+        p.seqlen_q,
+        p.seqlen_k,
+        p.num_heads,
+        p.num_heads_k,
+        p.batch,
+        std::max(1, p.num_heads / std::max(1, p.num_heads_k)),
+        (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM,
+        p.softmax_scale,
+        float(double(p.softmax_scale) * 1.4426950408889634),  // log2(e)
+        p.is_causal,
+        static_cast<Element*>(p.out),
+        int64_t(p.o_stride.row),
+        int64_t(p.o_stride.head),
+        int64_t(p.o_stride.batch),
+        0,
+        Traits::kL2Prefetch && l2_prefetch,
+    };
+    // A multiple of the O store's row block, so that no TMA store box starts at a negative row: the
+    // first H200 test of this option, with m_offset = 191 and so a box at row -63, died with an illegal
+    // instruction. Blocks of the first tile are now wholly below row 0 (skipped) or start at row >= 0.
+    if (p.is_causal) {
+        kp.m_offset = (kp.num_m_blocks * Traits::kBlockM - p.seqlen_q) / Traits::kORows * Traits::kORows;
+    }
+
+    int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
+    int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
+
+    auto kernel = &flash_fwd_kernel_sm90<Traits>;
+    allow_dynamic_smem(kernel, Traits::kSmemBytes);
+    kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
+    check_launch("forward kernel");
+}
+
+// The forward of one head dim and dtype: Full and Causal are the kernels of the two masks (one type when the
+// variant table gives both the same configuration); l2_prefetch_* say whether launches of that mask prefetch each
+// CTA's next tile into L2 (flash_attn_dash/variants.py, FwdTile.l2_prefetch).
+template <class Full, class Causal>
+void launch_fwd(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal) {
+    if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
+    if (p.is_causal) {
+        launch_fwd_kernel<Causal>(p, stream, l2_prefetch_causal);
+    } else {
+        launch_fwd_kernel<Full>(p, stream, l2_prefetch_full);
+    }
+}
+
+}  // namespace flash_dash

@@ -1,0 +1,399 @@
+// Forward mainloop: TMA producer (one thread) and the WGMMA/softmax consumer warpgroups.
+#pragma once
+
+#include <cmath>
+#include <cute/tensor.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/pipeline/pipeline.hpp>
+
+#include "common/utils.hpp"
+#include "fwd/barriers.hpp"
+#include "fwd/softmax.hpp"
+#include "fwd/traits.h"
+#include "schedule/fwd_tile_scheduler.hpp"
+
+namespace flash_dash {
+
+template <class Traits>
+struct FwdMainloopSm90 {
+    using Element = typename Traits::Element;
+    using Params = typename Traits::Params;
+    using SharedStorage = typename Traits::SharedStorage;
+    using PipelineQ = typename Traits::PipelineQ;
+    using PipelineKV = typename Traits::PipelineKV;
+    using StateQ = typename PipelineQ::PipelineState;
+    using StateKV = typename PipelineKV::PipelineState;
+    static constexpr int kBlockM = Traits::kBlockM;
+    static constexpr int kBlockN = Traits::kBlockN;
+    static constexpr int kHeadDim = Traits::kHeadDim;
+
+    // Round robin between the kNumWG consumer warpgroups (wg = 0 .. kNumWG-1): WG c syncs on
+    // barrier c before issuing its GEMMs and then arrives on barrier c+1 (mod kNumWG), so the token
+    // goes 0, 1, [2,] 0, ... Every sync is matched by exactly one arrive of the previous WG: all WGs
+    // work on the same tiles, so they make the same number of sync/arrive pairs (one per step of
+    // consume()). WG kNumWG-1 pre-arrives once on barrier 0 so WG 0 goes first; its last arrive is left
+    // pending when the CTA exits. A WG cannot arrive twice on a barrier before its owner synced:
+    // its next arrive needs its own next sync, which needs the token to go round once.
+    static constexpr int kNumWG = Traits::kNumMmaWarpGroups;
+    CUTE_DEVICE static void scheduler_init(int wg) {
+        if (wg == kNumWG - 1) {
+            named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0));
+        }
+    }
+    CUTE_DEVICE static void scheduler_sync(int wg) {
+        named_barrier_sync(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + wg);
+    }
+    CUTE_DEVICE static void scheduler_arrive(int wg) {
+        int const next = wg + 1 == kNumWG ? 0 : wg + 1;
+        named_barrier_arrive(2 * 128, uint32_t(FwdNamedBarrier::kWarpSchedulerWG0) + next);
+    }
+
+    static constexpr auto kHintQ = cute::TMA::CacheHintSm90::EVICT_NORMAL;
+    static constexpr auto kHintKV = cute::TMA::CacheHintSm90::EVICT_NORMAL;
+
+    // Number of K/V blocks the m-block visits: blocks [0, n_max). 0 means no row sees a key.
+    // Causal is aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q.
+    CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
+        int n = (p.seqlen_k + kBlockN - 1) / kBlockN;
+        if (p.is_causal) {
+            int const m_end = min(p.seqlen_q, Traits::first_row(p, m_block + 1));
+            int const col_end = m_end + p.seqlen_k - p.seqlen_q;  // exclusive
+            n = min(n, col_end <= 0 ? 0 : (col_end + kBlockN - 1) / kBlockN);
+        }
+        return n;
+    }
+
+    // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
+    // Order per tile: Q, K[n_max-1], then (K[n-1], V[n]) for n = n_max-1 .. 0, matching the
+    // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n]. With two Q buffers the next
+    // tile's Q is issued early, after this tile's second K.
+    CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
+                                 PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v) {
+        using namespace cute;
+        Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+        Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
+        Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
+        Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
+
+        // Locals: .with() binds the hint by reference, which device code cannot do to a static member.
+        cute::TMA::CacheHintSm90 const hint_q = kHintQ;
+        cute::TMA::CacheHintSm90 const hint_kv = kHintKV;
+        StateQ st_q = cutlass::make_producer_start_state<PipelineQ>();
+        StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
+        StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
+
+        // The CTA's next tile after t that loads anything (>= sched.total: none).
+        auto next_loading_tile = [&](int t) {
+            for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
+                if (n_block_max(p, sched.decode(t).m_block) > 0) { break; }
+            }
+            return t;
+        };
+        auto load_q = [&](FwdTile const& tile) {
+            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
+            auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                              group_modes<0, 2>(gQ));
+            pipe_q.producer_acquire(st_q);
+            copy(p.tma_q.with(*pipe_q.producer_get_barrier(st_q), 0, hint_q), tQgQ, tQsQ(_, st_q.index()));
+            ++st_q;
+        };
+        // With Traits::kL2Prefetch and p.l2_prefetch_next, once a tile's first K and V went out: the next tile's Q and first two
+        // K/V blocks into L2 (no smem: the stages are full). With equal tiles (full masks) the CTAs cross
+        // tile boundaries in lockstep, so without it every CTA asks DRAM for a new Q (and the heads of the
+        // next round their K/V) within the ~2 blocks its loads run ahead.
+        auto prefetch_l2 = [&](FwdTile const& tile) {
+            int const n_max = n_block_max(p, tile.m_block);
+            int const head_k = tile.head / p.head_ratio;
+            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+                                   Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
+            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
+                                                         group_modes<0, 2>(gQ))));
+            Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                             group_modes<0, 2>(gK)));
+            Tensor pV = get<0>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                             group_modes<0, 2>(gV)));
+            for (int n = n_max - 1; n >= 0 && n >= n_max - 2; --n) {
+                cute::prefetch(p.tma_k, pK(_, n));
+                cute::prefetch(p.tma_v, pV(_, n));
+            }
+        };
+        int q_ahead = -1;  // the tile whose Q already went out during the tile before it
+
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+            FwdTile const tile = sched.decode(t);
+            int const n_max = n_block_max(p, tile.m_block);
+            if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading
+            int const head_k = tile.head / p.head_ratio;
+
+            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));  // (N, d, n_blocks)
+            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
+                                   make_coord(_, _0{}));
+            auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
+                                              group_modes<0, 2>(gK));
+            auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
+                                              group_modes<0, 2>(gV));
+
+            if (Traits::kQStages == 1 || q_ahead != t) { load_q(tile); }
+
+            int n = n_max - 1;
+            pipe_k.producer_acquire(st_k);
+            copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n), tKsK(_, st_k.index()));
+            ++st_k;
+            for (; n >= 0; --n) {
+                if (n > 0) {
+                    pipe_k.producer_acquire(st_k);
+                    copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n - 1),
+                         tKsK(_, st_k.index()));
+                    ++st_k;
+                }
+                if constexpr (Traits::kQStages == 2) {
+                    // Two Q buffers: the next tile's Q goes out once this tile's second K block has a stage,
+                    // i.e. once the consumers are in this tile's first step, where they released the Q of the
+                    // tile before (so the acquire does not wait): a tile ahead instead of ~2 blocks ahead.
+                    if (n == n_max - 1 && n > 0) {
+                        q_ahead = next_loading_tile(t);
+                        if (q_ahead < sched.total) { load_q(sched.decode(q_ahead)); }
+                    }
+                }
+                pipe_v.producer_acquire(st_v);
+                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
+                ++st_v;
+                if constexpr (Traits::kL2Prefetch) {
+                    if (p.l2_prefetch_next && n == n_max - 1) {
+                        int const tn = next_loading_tile(t);
+                        if (tn < sched.total) { prefetch_l2(sched.decode(tn)); }
+                    }
+                }
+            }
+        }
+    }
+
+    // Consumer: walks the CTA's tiles (the scheduler's sequence) block by block, n = n_max-1 .. 0 per
+    // tile. Every step issues S = Q K[n]^T of the current block together with O += P V of the block
+    // before it (FA3's intra-warpgroup overlap; with Traits::kOverlapPvSoftmax the softmax of S runs
+    // while the PV wgmma is in flight), and the step does not stop at tile boundaries: a tile's first
+    // QK^T goes out with the previous tile's last PV, whose epilogue, tile_done(tile, inv_sum, lse),
+    // then runs while the other warpgroups use the tensor cores. tOrO (zero on entry) is cleared again after each tile_done.
+    // Tiles without a visible key (n_max == 0, causal with seqlen_q > seqlen_k) get tile_done with
+    // O = 0, inv_sum = 0 and lse = -inf. Every consumer WG makes the same steps, so the round robin
+    // sees one sync/arrive pair per step from each.
+    template <class TensorO, class Softmax, class TileDone>
+    CUTE_DEVICE static void consume(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
+                                    PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v, int tid,
+                                    TensorO& tOrO, Softmax& softmax, TileDone&& tile_done) {
+        using namespace cute;
+        typename Traits::TiledMmaQK mma_qk;
+        typename Traits::TiledMmaPV mma_pv;
+        auto thr_qk = mma_qk.get_thread_slice(tid);
+        auto thr_pv = mma_pv.get_thread_slice(tid);
+
+        Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+        Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
+        Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, q_stages)
+        Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)
+        Tensor tOrV = thr_pv.partition_fragment_B(sVt); // (MMA, MMA_N, MMA_K, stages)
+
+        Tensor tSrS = partition_fragment_C(mma_qk, Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor tS_rc = make_rowcol_view(tSrS);
+        Tensor rP = make_tensor_like<Element>(tSrS);
+        Tensor tOrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
+        Tensor tO_rc = make_rowcol_view(tOrO);
+
+        Tensor cS = make_identity_tensor(Shape<Int<kBlockM>, Int<kBlockN>>{});
+        Tensor tScS = thr_qk.partition_C(cS);
+        Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
+
+        int const offset = p.seqlen_k - p.seqlen_q;
+        // Mask keys >= seqlen_k and, if causal, keys j > i + offset. Only blocks that straddle a
+        // boundary need it; the steps pick a masking or a plain body before issuing their GEMMs.
+        auto needs_mask = [&](int row0, int n_block) {
+            int const col0 = n_block * kBlockN;
+            return col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
+        };
+        auto apply_mask = [&](int row0, int n_block) {
+            int const col0 = n_block * kBlockN;
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < size<0>(tS_rc); ++r) {
+                int const row = row0 + get<0>(tScS_rc(r, 0));
+                int limit = p.seqlen_k;
+                if (p.is_causal) { limit = min(limit, row + offset + 1); }
+                limit -= col0;
+                CUTLASS_PRAGMA_UNROLL
+                for (int c = 0; c < size<1>(tS_rc); ++c) {
+                    if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
+                }
+            }
+        };
+
+        constexpr int kNRows = decltype(size<0>(tS_rc))::value;
+        float o_scale[kNRows], inv_sum[kNRows], lse[kNRows];
+        int const wg = tid / 128;
+        StateQ st_q;
+        StateKV st_k, st_v;
+        bool pv_pending = false;  // rP holds P of the previous block, not yet multiplied by its V
+        FwdTile pv_tile{};        // the tile that block belongs to
+
+        // Whether O *= o_scale (the factor of the latest softmax) changes anything in this warp. exp2(0) == 1
+        // exactly, so skipping a multiply by 1 is bitwise neutral; the vote keeps the branch warp-uniform.
+        auto rescale_needed = [&]() {
+            bool moved = false;
+            CUTLASS_PRAGMA_UNROLL
+            for (int r = 0; r < kNRows; ++r) { moved |= o_scale[r] != 1.f; }
+            return __any_sync(0xffffffffu, moved) != 0;
+        };
+
+        // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
+        // after the last tile).
+        auto flush = [&]() {
+            pipe_v.consumer_wait(st_v);
+            scheduler_sync(wg);
+            wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+            scheduler_arrive(wg);
+            warpgroup_wait<0>();
+            warpgroup_fence_operand(tOrO);
+            pipe_v.consumer_release(st_v);
+            ++st_v;
+            softmax.finalize(p.softmax_scale, inv_sum, lse);
+            tile_done(pv_tile, inv_sum, lse);
+            clear(tOrO);
+            pv_pending = false;
+        };
+
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+            FwdTile const tile = sched.decode(t);
+            int const n_max = n_block_max(p, tile.m_block);
+            if (n_max <= 0) {
+                if (pv_pending) { flush(); }
+                softmax.reset();
+                softmax.finalize(p.softmax_scale, inv_sum, lse);  // no key: inv_sum 0, lse -inf
+                tile_done(tile, inv_sum, lse);
+                continue;
+            }
+            int const row0 = Traits::first_row(p, tile.m_block);
+            int n = n_max - 1;
+            pipe_q.consumer_wait(st_q);
+            if (!pv_pending) {  // the CTA's first block, or the first after a flush: S alone
+                pipe_k.consumer_wait(st_k);
+                scheduler_sync(wg);
+                wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ(_, _, _, st_q.index()),
+                                                          tSrK(_, _, _, st_k.index()), tSrS);
+                scheduler_arrive(wg);
+                warpgroup_wait<0>();
+                warpgroup_fence_operand(tSrS);
+                pipe_k.consumer_release(st_k);
+                ++st_k;
+                if (n == 0) {
+                    pipe_q.consumer_release(st_q);
+                    ++st_q;
+                }
+                softmax.reset();
+                // (written out: defining masked_if_needed below before this block changed hdim 64's SASS)
+                if (needs_mask(row0, n)) { apply_mask(row0, n); }
+                softmax.online(tS_rc, o_scale);  // O is zero: no rescale
+                convert_fragment(tSrS, rP);
+                pv_pending = true;
+                pv_tile = tile;
+                --n;
+            }
+            // One step with a pending PV; `mask(n)` is applied to S before the softmax.
+            // kPin (Traits::kOverlapPvSoftmax): the body between issuing the GEMMs and waiting for the PV
+            // is branch-free, since ptxas ends the wgmma pipeline at any control-flow join in there (it
+            // put the PV wait before the softmax when the mask was a branch); the masking and the
+            // tile-start work are chosen outside that window. Without it the step keeps the order that
+            // measured best with 3 consumer WGs.
+            constexpr bool kPin = Traits::kOverlapPvSoftmax;
+            auto step = [&](auto const& mask, bool first) {
+                // On a tile's first step the pending PV is the previous tile's last: its row stats are final.
+                auto finalize_previous = [&]() {
+                    softmax.finalize(p.softmax_scale, inv_sum, lse);
+                    softmax.reset();
+                };
+                if (kPin && first) { finalize_previous(); }
+                pipe_k.consumer_wait(st_k);
+                pipe_v.consumer_wait(st_v);
+                scheduler_sync(wg);
+                wg_gemm<true, -1>(mma_qk, tSrQ(_, _, _, st_q.index()), tSrK(_, _, _, st_k.index()), tSrS);
+                wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+                scheduler_arrive(wg);
+                warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
+                warpgroup_fence_operand(tSrS);
+                pipe_k.consumer_release(st_k);
+                // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
+                // the producer only then loads the next tile's Q.
+                if constexpr (kPin) {  // a predicated arrive, not a branch
+                    ss.pipeline_q.empty_barrier_[st_q.index()].arrive(0, n == 0);
+                } else {
+                    ++st_k;
+                    if (n == 0) {
+                        pipe_q.consumer_release(st_q);
+                        ++st_q;
+                    }
+                    if (first) { finalize_previous(); }
+                }
+                mask(n);
+                softmax.online(tS_rc, o_scale);
+                if constexpr (kPin) {
+                    // The PV wait sits in both arms of a branch: the basic-block boundary keeps ptxas from
+                    // hoisting it into the softmax (it schedules the wait as if it were free, and the warp
+                    // then idles through its own PV). The condition must be warpgroup-uniform (wgmma.wait
+                    // is .aligned; a per-warp vote here failed synccheck). A first step's o_scale belongs
+                    // to the new tile (whose O is still zero), not to the O its PV just finished.
+                    if (!first) {
+                        warpgroup_wait<0>();  // PV done: V stage and the P registers are free
+                        if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
+                    } else {
+                        warpgroup_wait<0>();
+                    }
+                } else {
+                    warpgroup_wait<0>();
+                }
+                warpgroup_fence_operand(tOrO);
+                warpgroup_fence_operand(rP);
+                pipe_v.consumer_release(st_v);
+                if constexpr (kPin) {
+                    ++st_k;
+                    ++st_v;
+                    if (n == 0) { ++st_q; }
+                } else {
+                    ++st_v;
+                }
+                if (first) {  // O of the previous tile is complete
+                    tile_done(pv_tile, inv_sum, lse);
+                    clear(tOrO);
+                } else if constexpr (!kPin) {
+                    if (rescale_needed()) { rescale_rows(tO_rc, o_scale); }
+                }
+                convert_fragment(tSrS, rP);
+                pv_tile = tile;
+            };
+            // What a step does to S before its softmax.
+            auto masked = [&](int n_block) { apply_mask(row0, n_block); };
+            auto unmasked = [](int) {};
+            auto masked_if_needed = [&](int n_block) {
+                if (needs_mask(row0, n_block)) { apply_mask(row0, n_block); }
+            };
+            if constexpr (kPin) {
+                // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk.
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0 && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0; --n) { step(unmasked, n == n_max - 1); }
+            } else {
+                CUTLASS_PRAGMA_NO_UNROLL
+                for (; n >= 0; --n) { step(masked_if_needed, n == n_max - 1); }
+            }
+        }
+        if (pv_pending) { flush(); }
+    }
+};
+
+}  // namespace flash_dash

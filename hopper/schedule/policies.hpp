@@ -1,0 +1,326 @@
+// Backward schedule policies: which K/V tiles a CTA processes, in which order a K/V tile visits
+// its Q tiles, and the rank (position in the deterministic dQ accumulation order) of every
+// (n, m) contribution. One policy = one compile-time template parameter of the backward kernel.
+//
+// Contract shared with flash_attn_dash/schedule (Python model, orders.py docstring = the spec; a GPU
+// test compares the dQ arrival trace, tests/test_schedule_kernel_mirror.py compiles this header as
+// host code and compares every CTA's task list (static grids) or every tile's walk (dynamic grid)
+// with the model). Which policy runs, on how many CTAs and with which claim group is decided once, on the
+// Python side (flash_attn_dash/launch.py); the launcher checks the decision against each policy's
+// `unsupported` before launching:
+//  * M = ceil(sq / kBlockM), N = ceil(sk / kBlockN); causal is aligned bottom-right: query row i
+//    sees key j iff j <= i + (sk - sq).
+//  * K/V tile n is visited by the Q tiles m in [m_min(n), M), with
+//      m_min(n) = max(0, floor((n*kBlockN - (sk - sq)) / kBlockM))   (floor, also for negatives)
+//    for causal and m_min = 0 for full masks.
+//  * G CTAs, at most one per SM (min(num_sms, B*H*N)). Static persistent grid (Shift): linear tile t in [0, B*H*N),
+//    n = t % N, h = (t / N) % H, b = t / (N*H); CTA g processes t = g, g+G, g+2G, ...  Dynamic
+//    persistent grid (Ascending, Descending): tiles in claim order p (n-major within groups of heads,
+//    see DynamicPersistentGrid); CTA g starts with p = g and then claims the next unclaimed p.
+//  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min.
+//  * rank(n, m) = #{ n' < n : tile n' touches m }.
+//    Proof that this equals n for the full and causal masks: m_min(n') is non-decreasing in n'
+//    (floor of a non-decreasing argument), so if n touches m (m_min(n) <= m < M) then every
+//    n' < n has m_min(n') <= m_min(n) <= m and touches m too. Hence the count is exactly n, and the
+//    ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
+//  Deadlock freedom (rank = n, any m order, either grid): contribution (n, m) waits only for
+//  (n-1, m), which belongs to a tile earlier in the grid's order (t, or p on the dynamic grid). All G
+//  CTAs are resident (1 CTA/SM, G <= #SMs), tiles are handed out in that order and each CTA processes
+//  its tiles in that order, so the unfinished tile that comes first is held by a running CTA and never
+//  waits on anything unfinished: the system always makes progress.
+//  * Shift (full mask only) and SymmetricShift (causal only, pair grid): see the policies below.
+//
+// Policy interface (all roles of the kernel walk the same sequence; on the dynamic grid next_tile
+// is the tile the CTA's producer claimed, passed on through shared memory):
+//    for (t = first_tile(s, cta); t < s.num_tiles(); t = next_tile(s, t)) {
+//        TileCtx c = make_ctx(s, t); State st = init(s, c);
+//        for (step = 0; step < num_steps(s, c, st); ++step) { m = m_block(s, c, st, step); rank(s, c, st, m); }
+//    }
+//  kMask says which mask a policy is valid for (the kernel static_asserts it).
+//  All arithmetic is 32-bit int on values < 2^31: the host guarantees B*H*N + 2*G < 2^31 (see
+//  tile_count_fits); pointer offsets are formed in int64 by the kernel.
+//
+// This header is plain C++ (no CUDA/CUTE includes) so that it compiles as host code.
+#pragma once
+#include <cstdint>
+#include "common/host_device.hpp"
+
+namespace flash_dash {
+namespace bwd {
+
+// Problem shape as the schedule sees it (all 32-bit; products that can exceed 2^31 use int64).
+struct SchedShape {
+    int batch, heads, heads_k;   // B, H (query heads), Hk
+    int seqlen_q, seqlen_k;      // sq, sk
+    int block_m, block_n;        // kBlockM, kBlockN
+    int num_m, num_n;            // M, N
+    int grid;                    // G (persistent CTAs): min(num_sms, #tiles), or min(num_sms, #pairs) on the pair grid
+    int claim_group;             // dynamic grid: heads per claim group (orders.py claim_group)
+    bool causal;
+    FLASH_DASH_HD int num_tiles() const { return batch * heads * num_n; }
+};
+
+FLASH_DASH_HD int floor_div(int a, int b) {  // b > 0
+    int q = a / b;
+    return (q * b > a) ? q - 1 : q;
+}
+
+// First Q tile that K/V tile n touches (M if none).
+FLASH_DASH_HD int m_min_of(SchedShape const& s, int n) {
+    if (!s.causal) return 0;
+    int v = floor_div(n * s.block_n - (s.seqlen_k - s.seqlen_q), s.block_m);
+    v = v < 0 ? 0 : v;
+    return v > s.num_m ? s.num_m : v;
+}
+
+// Everything a policy may need about one K/V tile.
+struct TileCtx {
+    int t;          // linear unit index (tile index on the static grid; 2*chunk + stage on the pair grid)
+    int n, h, b;    // decoded coordinates
+    int m_min, m_end;  // visited Q tiles: [m_min, m_end)
+};
+
+// Wave (persistent round) information of a unit (tile or pair), for shift-type schedules.
+struct WaveInfo {
+    int round;      // unit / G
+    int running;    // R: units of the same (b, h) processed in this round
+    int finished;   // F: units of the same (b, h) processed in earlier rounds
+    int slot;       // k = (unit index within its head) - F, in [0, R)
+};
+
+// Mirrors orders.py `_waves`: `unit` is the linear index, `in_head` its index within its (b, h),
+// `per_head` the units per (b, h), `grid` = G.
+FLASH_DASH_HD WaveInfo wave_of(int unit, int in_head, int per_head, int grid) {
+    WaveInfo w;
+    w.round = unit / grid;
+    int const wave_start = w.round * grid;
+    int const wave_end = wave_start + grid;                // exclusive
+    int const head_start = unit - in_head;
+    int const head_end = head_start + per_head;            // exclusive
+    int const lo = wave_start > head_start ? wave_start : head_start;
+    int const hi = wave_end < head_end ? wave_end : head_end;
+    w.running = hi - lo;
+    w.finished = lo - head_start;
+    w.slot = in_head - w.finished;
+    return w;
+}
+
+// Static grid: the unit is the tile t, n its index within the head.
+FLASH_DASH_HD WaveInfo wave_info(SchedShape const& s, TileCtx const& c) {
+    return wave_of(c.t, c.n, s.num_n, s.grid);
+}
+
+// x mod r for x in (-r, 2r), r > 0 (one conditional add/subtract, no division).
+FLASH_DASH_HD int wrap_once(int x, int r) {
+    return x < 0 ? x + r : (x >= r ? x - r : x);
+}
+
+enum PolicyMask : int { kAnyMask = 0, kFullOnly = 1, kCausalOnly = 2 };
+
+// What the one-tile-per-unit grids below share: CTA g starts with unit g, and the rank rule.
+struct LinearTiles {
+    static constexpr bool kPairGrid = false;
+    FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return cta; }
+    // Why the policy cannot run on this shape, or nullptr (every shape, for the one-tile-per-unit grids).
+    static const char* unsupported(SchedShape const&) { return nullptr; }
+    // General rank formula: number of n' < n whose tile touches m. For the full and causal masks it
+    // is exactly n (see the proof at the top of this file), which is what the kernel uses.
+    FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
+};
+
+// Static persistent grid: linear tiles t = (b*H + h)*N + n (n fastest); CTA g runs t = g, g+G, g+2G, ...
+// (Shift needs the rounds this fixes).
+struct StaticPersistentGrid : LinearTiles {
+    static constexpr bool kDynamic = false;
+    FLASH_DASH_HD static int next_tile(SchedShape const& s, int t) { return t + s.grid; }
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int t) {
+        TileCtx c;
+        c.t = t;
+        c.n = t % s.num_n;
+        int const bh = t / s.num_n;
+        c.h = bh % s.heads;
+        c.b = bh / s.heads;
+        c.m_min = m_min_of(s, c.n);
+        c.m_end = s.num_m;
+        return c;
+    }
+};
+
+// Dynamic persistent grid: CTA g starts with claim p = g, then claims the next unclaimed p at run time
+// (tile_ring.hpp), so CTAs that draw short tiles (causal) take more of them. Claims go n-major within
+// groups of claim_group heads: p -> group p / (Hg*N), then n, then the head within the group. A head's
+// tiles n-1 and n are then Hg claims apart, so a tile's rank predecessor (n-1, m) has usually started
+// when it is claimed, instead of chaining the claims of one head one after another; groups bound the
+// heads whose Q/dO/dQ are in flight (L2). Every rank predecessor (n-1, same head) and every GQA dK/dV
+// predecessor (same n, previous head) has a smaller p, tiles are claimed in increasing p and every CTA
+// runs its tiles in that order, so the deadlock-freedom proof at the top of this file holds (with p for
+// t) for every assignment the hardware produces; the ranks do not depend on it.
+struct DynamicPersistentGrid : LinearTiles {
+    static constexpr bool kDynamic = true;
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int p) {
+        int const per_group = s.claim_group * s.num_n;
+        int const group = p / per_group;
+        int const q0 = group * s.claim_group;
+        int const left = s.batch * s.heads - q0;
+        int const size = left < s.claim_group ? left : s.claim_group;
+        int const in_group = p - group * per_group;
+        TileCtx c;
+        c.t = p;
+        c.n = in_group / size;
+        int const q = q0 + (in_group - c.n * size);
+        c.h = q % s.heads;
+        c.b = q / s.heads;
+        c.m_min = m_min_of(s, c.n);
+        c.m_end = s.num_m;
+        return c;
+    }
+};
+
+// Every visible Q tile of the K/V tile once, rank = n; Ascending and Descending differ only in direction.
+template <bool kDescending>
+struct MonotoneWalk : DynamicPersistentGrid {
+    static constexpr const char* kName = kDescending ? "descending" : "ascending";
+    static constexpr int kMask = kAnyMask;
+    struct State {};
+    FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const&, int step) {
+        return kDescending ? c.m_end - 1 - step : c.m_min + step;
+    }
+    FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const&, int m) {
+        return rank_naive(s, c, m);
+    }
+};
+
+struct Ascending : MonotoneWalk<false> {};
+struct Descending : MonotoneWalk<true> {};
+
+// Shift (full mask only), static persistent grid. Per (head, round) group: R = running, F = finished,
+// slot k = n - F. If R <= M the tile visits m = (k + i) mod M, i = 0..M-1, with
+//   rank = F + ((min(m, R-1) - k) mod R);
+// otherwise (R > M: more tiles of the head in flight than Q tiles) the group runs the descending
+// order, m = M-1-i and rank = n. State: 3 ints (k = -1 marks the fallback group).
+struct Shift : StaticPersistentGrid {
+    static constexpr const char* kName = "shift";
+    static constexpr int kMask = kFullOnly;
+    struct State {
+        int k;         // slot in [0, R); -1: this (head, round) group falls back to descending
+        int running;   // R
+        int finished;  // F
+    };
+    FLASH_DASH_HD static State init(SchedShape const& s, TileCtx const& c) {
+        WaveInfo const w = wave_info(s, c);
+        State st;
+        st.k = w.running > s.num_m ? -1 : w.slot;
+        st.running = w.running;
+        st.finished = w.finished;
+        return st;
+    }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;  // full mask: M
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const& st, int step) {
+        // k < R <= M and step < M: (k + step) mod M needs one conditional subtraction.
+        int const m = st.k + step;
+        return st.k < 0 ? c.m_end - 1 - step : (m >= c.m_end ? m - c.m_end : m);
+    }
+    FLASH_DASH_HD static int rank(SchedShape const&, TileCtx const& c, State const& st, int m) {
+        if (st.k < 0) return c.n;
+        int const top = st.running - 1;
+        int const mm = m < top ? m : top;
+        return st.finished + wrap_once(mm - st.k, st.running);  // mm - k in (-R, R)
+    }
+};
+
+// SymmetricShift (causal only; sq == sk, kBlockN == kS * kBlockM, N even: the host falls back to
+// Descending otherwise, exactly like the model). Pair grid: P = N/2 pairs per (b, h); chunk
+// c = q*P + p pairs the long tile p with the short tile N-1-p. G = min(num_sms, B*H*P); CTA g runs
+// chunks g, g+G, ..., each chunk long tile first. Unit u = 2*c + stage (stage 0 long, 1 short),
+// so the units cover [0, B*H*N) and next_tile is u+1 within a chunk, u + 2G - 1 to the next chunk.
+// Waves on chunks: R, F, k per (head, round) group. Rs = (F + R - 1)*kS, L = M - Rs:
+//  * long n = F+k: L steps m = Rs + ((k+i) mod L), then the triangle m = n*kS .. Rs-1 ascending;
+//    rank E(m) + ((min(m - Rs, R-1) - k) mod R) in the rectangle, E(m) + (m/kS - n) in the triangle;
+//  * short n' = N-1-F-k: m = M-1 down to n'*kS; rank E(m) + R + (R-1-k);
+//  * E(m) = F + max(0, m/kS + 1 - N + F).
+// k < L always holds (M > (N-1)kS, F+R <= N/2), so (k+i) mod L is one conditional subtraction.
+template <int kS>
+struct SymmetricShift {
+    static_assert(kS >= 1, "block_n must be a positive multiple of block_m");
+    static constexpr const char* kName = "symmetric_shift";
+    static constexpr int kMask = kCausalOnly;
+    static constexpr bool kPairGrid = true;
+    static constexpr bool kDynamic = false;
+    struct State {
+        int k;         // slot of the pair in its (head, round) group
+        int running;   // R (pairs)
+        int finished;  // F (pairs)
+        int rs;        // long tile: first rectangle row Rs; short tile: -1
+    };
+    FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return 2 * cta; }
+    FLASH_DASH_HD static int next_tile(SchedShape const& s, int u) { return (u & 1) ? u + 2 * s.grid - 1 : u + 1; }
+    // The model falls back to descending on these shapes (orders.py symmetric_shift_fallback); kBlockN == kS *
+    // kBlockM is the instantiation's own compile-time condition.
+    static const char* unsupported(SchedShape const& s) {
+        if (s.seqlen_q != s.seqlen_k) return "symmetric_shift needs seqlen_q == seqlen_k";
+        if (s.num_n % 2 != 0) return "symmetric_shift needs an even number of K/V tiles";
+        if (s.block_n != kS * s.block_m) return "symmetric_shift: block_n must be its pair step times block_m";
+        return nullptr;
+    }
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int u) {
+        int const pairs = s.num_n >> 1;
+        int const chunk = u >> 1;
+        int const q = chunk / pairs;
+        int const p = chunk - q * pairs;
+        TileCtx c;
+        c.t = u;
+        c.n = (u & 1) ? s.num_n - 1 - p : p;
+        c.h = q % s.heads;
+        c.b = q / s.heads;
+        c.m_min = c.n * kS;  // == m_min_of(s, n) when sq == sk
+        c.m_end = s.num_m;
+        return c;
+    }
+    FLASH_DASH_HD static State init(SchedShape const& s, TileCtx const& c) {
+        bool const is_short = (c.t & 1) != 0;
+        int const p = is_short ? s.num_n - 1 - c.n : c.n;
+        WaveInfo const w = wave_of(c.t >> 1, p, s.num_n >> 1, s.grid);
+        State st;
+        st.k = w.slot;
+        st.running = w.running;
+        st.finished = w.finished;
+        st.rs = is_short ? -1 : (w.finished + w.running - 1) * kS;
+        return st;
+    }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const&, TileCtx const& c, State const& st, int step) {
+        if (st.rs < 0) return c.m_end - 1 - step;          // short tile: descending
+        int const len = c.m_end - st.rs;                   // L
+        if (step < len) {                                  // rectangle, cyclic from Rs + k
+            int const m = st.rs + st.k + step;
+            return m >= c.m_end ? m - len : m;
+        }
+        return c.m_min + (step - len);                     // triangle, ascending
+    }
+    FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const& st, int m) {
+        int const mq = m / kS;                             // K/V tile index of row m's diagonal
+        int const late = mq + 1 - s.num_n + st.finished;   // earlier rounds' short tiles reaching m
+        int const e = st.finished + (late > 0 ? late : 0); // E(m)
+        if (st.rs < 0) return e + 2 * st.running - 1 - st.k;
+        if (m < st.rs) return e + mq - c.n;                // triangle
+        int const top = st.running - 1;
+        int const d = m - st.rs;
+        return e + wrap_once((d < top ? d : top) - st.k, st.running);
+    }
+};
+
+// The kernel's 32-bit unit arithmetic needs B*H*N + 2*G < 2^31.
+inline bool tile_count_fits(int64_t num_tiles, int grid) {
+    return num_tiles + 2 * int64_t(grid) < (int64_t(1) << 31);
+}
+
+}  // namespace bwd
+}  // namespace flash_dash

@@ -1,0 +1,146 @@
+"""Where the backward's dQ-store warps spend their time: a diagnostic for the determinism tax.
+
+    python research/bwd_timeline.py [--hdim 128] [--seqlen 2k,4k,8k] [--json OUT.json]
+
+Kernels built with ``FLASH_DASH_BWD_TIMELINE=1`` (``NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1`` when compiling
+``hopper/``) record, for every dQ contribution (b, h, m, rank), the fields of ``FIELDS`` (layout in
+``hopper/bwd/timeline.hpp``). :func:`record` runs one backward with such a build and returns the records;
+:func:`summarize` reduces them to the numbers that separate rank-chain stalls (time a store warp waits for the
+contribution ranked before its own) from the rest. Production builds ignore the buffer; :func:`record` then raises.
+The command line records one backward per schedule of each DASH-grid shape (bf16, 16k tokens, hidden 2048),
+deterministic and not, after one untimed warm-up call, and prints the summaries.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import common  # noqa: E402
+from flash_attn_dash import variants  # noqa: E402
+
+FIELDS = ("seen_ns", "wait_pred_cycles", "wait_mma_cycles", "store_cycles", "cta_step")
+
+
+def record(
+    dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+    causal: bool, schedule: str, deterministic: bool = True, sm_margin: int = 0,
+) -> torch.Tensor:
+    """Run one backward (CUDA inputs in flash_attn_func's layout, ``lse`` (b, h, sq) fp32 natural log) and return
+    its int64 records, shape (b, h, M, N, len(FIELDS)); entries of tiles no contribution reaches stay -1.
+
+    ``schedule`` is a kernel schedule name (``variants.SCHEDULE_NAMES``) or "auto".
+    Raises RuntimeError when the kernels were built without ``FLASH_DASH_BWD_TIMELINE=1`` (nothing recorded).
+    """
+    from flash_attn_dash.ops import bwd_into, check_cuda_inputs
+
+    check_cuda_inputs(q, k, v, sm_margin)
+    b, sq, h, d = q.shape
+    block_m, block_n = variants.bwd_tile(d)
+    timeline = torch.full((b, h, -(-sq // block_m), -(-k.shape[1] // block_n), len(FIELDS)), -1,
+                          dtype=torch.int64, device=q.device)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, deterministic, schedule, sm_margin,
+             timeline=timeline)
+    if bool((timeline[..., 4] < 0).all()):  # (reading the flag waits for the backward)
+        raise RuntimeError("no timeline recorded: the backward kernels were built without FLASH_DASH_BWD_TIMELINE=1 "
+                           "(rebuild hopper/ with NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1)")
+    return timeline
+
+
+def _stats(x: np.ndarray) -> dict[str, float]:
+    if x.size == 0:
+        return {"median": 0.0, "mean": 0.0, "p90": 0.0}
+    return {"median": float(np.median(x)), "mean": float(x.mean()), "p90": float(np.percentile(x, 90))}
+
+
+def summarize(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> dict[str, Any]:
+    """Reduce :func:`record`'s output to microsecond statistics (cycles / ``clock_ghz``).
+
+    Returns ``steps`` (contributions recorded), ``wait_pred_us`` / ``wait_mma_us`` / ``store_us`` (per
+    contribution: waiting for the predecessor's count, then for the MMA warpgroups' tile, then bulk copy to
+    increment), ``wait_pred_first_step_us`` / ``wait_pred_later_steps_us`` (the same wait at a K/V tile's first
+    step vs the others: wave boundaries vs steady state), ``wait_pred_share`` (fraction of the store warps' time
+    spent waiting for predecessors), ``cta_wait_pred_ms`` (per-CTA totals: median and max) and ``rank_gap_us``
+    (between consecutive ranks of one dQ tile, the time from one count being seen to the next, by %globaltimer).
+    """
+    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
+    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
+        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+    valid = rec[..., 4] >= 0
+    flat = rec[valid]
+    to_us = 1e-3 / clock_ghz
+    wait_pred = flat[:, 1] * to_us
+    wait_mma = flat[:, 2] * to_us
+    store = flat[:, 3] * to_us
+    step = flat[:, 4] & 0xFFFFFFFF
+    cta = flat[:, 4] >> 32
+    busy = wait_pred.sum() + wait_mma.sum() + store.sum()
+    per_cta = np.bincount(cta.astype(np.int64), weights=wait_pred) * 1e-3 if flat.size else np.zeros(1)
+    gaps = []
+    seen = np.where(valid, rec[..., 0], -1).reshape(-1, rec.shape[3])  # (b*h*M, N) by rank
+    for row in seen:
+        row = row[row >= 0]
+        if row.size > 1:
+            gaps.append(np.diff(row) * 1e-3)
+    gaps = np.concatenate(gaps) if gaps else np.zeros(0)
+    return {
+        "steps": int(flat.shape[0]),
+        "wait_pred_us": _stats(wait_pred),
+        "wait_mma_us": _stats(wait_mma),
+        "store_us": _stats(store),
+        "wait_pred_first_step_us": _stats(wait_pred[step == 0]),
+        "wait_pred_later_steps_us": _stats(wait_pred[step > 0]),
+        "wait_pred_share": float(wait_pred.sum() / busy) if busy > 0 else 0.0,
+        "cta_wait_pred_ms": {"median": float(np.median(per_cta)), "max": float(per_cta.max())},
+        "rank_gap_us": _stats(gaps),
+    }
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--hdim", default="128", help="comma list of head dims (default 128)")
+    ap.add_argument("--seqlen", default="2k,4k,8k", help="comma list (default 2k,4k,8k)")
+    ap.add_argument("--clock-ghz", type=float, default=1.98, help="SM clock for cycles -> us (default 1.98)")
+    ap.add_argument("--json", help="write every summary here")
+    args = ap.parse_args(argv)
+    common.require_cuda("bwd_timeline.py")
+    from flash_attn_dash.ops import fwd
+
+    rows = []
+    print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
+          f"  wait_mma  store  pred share  rank gap us")
+    for hdim in (int(x) for x in args.hdim.split(",")):
+        for causal in (False, True):
+            mask = "causal" if causal else "full"
+            for s in common.parse_list(args.seqlen.split(","), common.parse_seqlen):
+                b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // hdim
+                q, k, v, dout = (torch.randn(b, s, h, hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+                out, lse = fwd(q, k, v, hdim ** -0.5, causal, 0)
+                # Non-deterministic backwards walk one order whatever the schedule: one row.
+                runs = [(name, True) for name in variants.schedules_for(mask)] + [("auto", False)]
+                for schedule, det in runs:
+                    record(dout, q, k, v, out, lse, causal, schedule, det)  # warm-up
+                    wp = summarize(record(dout, q, k, v, out, lse, causal, schedule, det), args.clock_ghz)
+                    label = schedule if det else "(non-det walk)"
+                    rows.append({"hdim": hdim, "causal": causal, "seqlen": s, "schedule": label,
+                                 "deterministic": det, **wp})
+                    print(f"{hdim:>4} {mask:>6} {s:>6} {label:>16} {'yes' if det else 'no':>3}"
+                          f"  {wp['wait_pred_us']['mean']:6.2f} ({wp['wait_pred_first_step_us']['mean']:6.2f}"
+                          f"/{wp['wait_pred_later_steps_us']['mean']:5.2f})"
+                          f"  {wp['wait_mma_us']['mean']:8.2f}  {wp['store_us']['mean']:5.2f}"
+                          f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"meta": common.collect_metadata(argv), "rows": rows}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

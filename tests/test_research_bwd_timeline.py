@@ -1,0 +1,67 @@
+"""research/bwd_timeline.py: the summary of dQ-store-warp records (CPU, synthetic records) and, on an sm90 GPU,
+recording one backward (production builds must refuse: they record nothing)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from research.bwd_timeline import FIELDS, record, summarize
+
+
+def _synthetic():
+    """b=1, h=1, M=2 dQ tiles, N=3 ranks; tile m=1 has no rank 2 (causal-like hole). Clock 1 GHz: cycles = ns."""
+    rec = np.full((1, 1, 2, 3, len(FIELDS)), -1, dtype=np.int64)
+    #             seen_ns  wait_pred  wait_mma  store  (cta << 32) | step
+    rec[0, 0, 0, 0] = (1000, 0, 500, 1000, (0 << 32) | 0)
+    rec[0, 0, 0, 1] = (4000, 3000, 0, 1000, (1 << 32) | 1)
+    rec[0, 0, 0, 2] = (9000, 1000, 0, 1000, (2 << 32) | 2)
+    rec[0, 0, 1, 0] = (2000, 0, 0, 1000, (0 << 32) | 1)
+    rec[0, 0, 1, 1] = (3000, 2000, 0, 1000, (1 << 32) | 0)
+    return rec
+
+
+def test_summarize_synthetic_records():
+    s = summarize(_synthetic(), clock_ghz=1.0)
+    assert s["steps"] == 5
+    assert s["wait_pred_us"]["mean"] == pytest.approx((0 + 3 + 1 + 0 + 2) / 5)
+    assert s["wait_pred_us"]["median"] == pytest.approx(1.0)
+    assert s["store_us"]["median"] == pytest.approx(1.0)
+    assert s["wait_pred_first_step_us"]["mean"] == pytest.approx((0 + 2) / 2)  # steps 0: records (0,0) and (1,1)
+    assert s["wait_pred_later_steps_us"]["mean"] == pytest.approx((3 + 1 + 0) / 3)
+    assert s["wait_pred_share"] == pytest.approx(6 / (6 + 0.5 + 5))
+    assert s["cta_wait_pred_ms"]["max"] == pytest.approx(5e-3)  # CTA 1 waited 3 + 2 us
+    assert s["rank_gap_us"]["median"] == pytest.approx(3.0)  # gaps 3, 5 (tile 0) and 1 (tile 1)
+
+
+def test_summarize_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="timeline must have shape"):
+        summarize(np.zeros((2, 3, 4)))
+
+
+@pytest.mark.gpu
+def test_record_on_gpu():
+    import flash_attn_dash
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)
+            and flash_attn_dash.kernels_available()):
+        pytest.skip("needs an sm90 GPU and the kernels")
+    from flash_attn_dash.ops import fwd
+
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v, dout = (torch.randn(2, 1000, 4, 128, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(4))
+    out, lse = fwd(q, k, v, 128 ** -0.5, True, 0)
+    try:
+        tl = record(dout, q, k, v, out, lse, causal=True, schedule="descending")
+    except RuntimeError as e:  # production build: the kernels ignore the buffer
+        assert "FLASH_DASH_BWD_TIMELINE" in str(e)
+        return
+    m_tiles, n_tiles = tl.shape[2], tl.shape[3]
+    valid = tl[..., 4] >= 0
+    # Causal, sq == sk, 64x128 tiles: dQ tile m receives one contribution per K/V tile n <= m // 2.
+    expect = torch.tensor([[min(m // 2 + 1, n_tiles) > r for r in range(n_tiles)] for m in range(m_tiles)],
+                          device=tl.device)
+    assert torch.equal(valid, expect.expand_as(valid))
+    assert bool((tl[..., 1:4][valid] >= 0).all())
+    s = summarize(tl)
+    assert s["steps"] == int(valid.sum())

@@ -1,0 +1,63 @@
+"""The research probes (research/): their pure parts on CPU, and that each script parses its arguments and stops
+cleanly without a GPU."""
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+
+def _run(args):
+    return subprocess.run([sys.executable] + args, cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
+    from research import fwd_overhead as fo
+
+    launch, tile, block = 0.004, 0.02, 0.011  # ms; overhead = tile / block steps
+    rows = [{"batch": b, "blocks": n, "ms": launch + b * (tile + n * block)} for b in (8, 4) for n in (4, 8, 16, 32, 64)]
+    fit = fo.fit_overhead(rows, "ms")
+    assert math.isclose(fit["launch_ms"], launch, rel_tol=1e-6)
+    assert math.isclose(fit["overhead_steps"], tile / block, rel_tol=1e-6)
+    assert fo.least_squares([(1, 0), (1, 1), (1, 2)], [1, 3, 5]) == pytest.approx([1, 2])
+    with pytest.raises(ValueError, match="do not determine"):  # one batch size: launch and tile terms collide
+        fo.fit_overhead([r for r in rows if r["batch"] == 8], "ms")
+    with pytest.raises(ValueError, match="one feature row per y"):
+        fo.least_squares([(1.0,)], [1.0, 2.0])
+    r = _run(["research/fwd_overhead.py", "--seqlen-k", "2k,2k"])
+    assert r.returncode == 2 and "two distinct" in r.stderr
+
+
+@pytest.mark.parametrize("script", ["fwd_variants.py", "fwd_overhead.py", "ncu_fwd.py", "profile_bwd.py",
+                                    "bwd_timeline.py", "sass_diff.py"])
+def test_cli_help(script):
+    r = _run([os.path.join("research", script), "--help"])
+    assert r.returncode == 0, r.stderr
+    assert "usage" in r.stdout
+
+
+def test_without_cuda_the_probes_stop_with_exit_2():
+    torch = pytest.importorskip("torch")
+    if torch.cuda.is_available():
+        pytest.skip("CUDA present: the no-CUDA exit path is not reachable")
+    for args in (["fwd_variants.py", "x", "--hdim", "128"], ["fwd_overhead.py"], ["bwd_timeline.py"]):
+        r = _run([os.path.join("research", args[0]), *args[1:]])
+        assert r.returncode == 2 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+    r = _run(["research/fwd_variants.py", "x", "--hdim", "80"])
+    assert r.returncode == 2 and "--hdim takes" in r.stderr
+
+
+def test_sass_diff_register_renaming():
+    from research.sass_diff import registers_renamed
+
+    a = ["IMAD R1, R2, R3, RZ", "ISETP.GE.AND P0, PT, R1, UR4, PT"]
+    assert registers_renamed(a, ["IMAD R7, R2, R3, RZ", "ISETP.GE.AND P1, PT, R7, UR4, PT"])
+    assert not registers_renamed(a, ["IMAD R7, R2, R3, RZ", "ISETP.GE.AND P1, PT, R1, UR4, PT"])  # R1 -> R7 and R1
+    assert not registers_renamed(a, ["IMAD R7, R2, R2, RZ", "ISETP.GE.AND P1, PT, R7, UR4, PT"])  # R2, R3 -> R2
+    assert not registers_renamed(a, a[:1])
