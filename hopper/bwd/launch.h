@@ -55,8 +55,8 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
 
 template <class Traits, bool Is_causal, bool Deterministic, class Policy>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
-    auto kernel = bwd_kernel_sm90<Traits, Is_causal, Deterministic, Policy>;
-    allow_dynamic_smem(kernel, Traits::kSmemBytes);
+    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Deterministic, Policy>;
+    allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("backward main kernel launch");
 }

@@ -72,8 +72,8 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
 
-    auto kernel = &flash_fwd_kernel_sm90<Traits>;
-    allow_dynamic_smem(kernel, Traits::kSmemBytes);
+    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits>;
+    allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("forward kernel");
 }
