@@ -151,6 +151,8 @@ def test_bwd_schedule_mask_mismatch_raises(schedule, causal, deterministic, d):
     """shift needs the full mask, symmetric_shift the causal one: the Python decider refuses them by name, and the
     launcher refuses the same policy id if it reaches it directly (std::invalid_argument -> ValueError), before
     launching anything; the outputs stay untouched."""
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+
     q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, d, torch.bfloat16, causal)
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     with pytest.raises(ValueError, match="is defined for (full|causal) masks only"):
@@ -168,6 +170,8 @@ def test_bwd_launcher_refuses_a_bad_launch(d):
     """The launcher checks the resolved launch it is given: a grid outside [1, SMs - margin] or beyond the work units,
     a claim group outside [1, B*H], symmetric_shift on a shape it does not support, or a non-deterministic launch of
     an order no non-deterministic kernel walks, each a ValueError before any launch."""
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+
     q, k, v, dout, out, lse = _inputs(1, 256, 384, 2, 2, d, torch.bfloat16, True)
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
