@@ -20,7 +20,7 @@ const Entry& find_entry(const std::vector<Entry>& table, int head_dim, at::Scala
     for (const auto& e : table) {
         if (e.head_dim == head_dim && e.dtype == dtype) return e;
     }
-    TORCH_CHECK_VALUE(false, "no ", what, " kernel compiled for head_dim ", head_dim, " and dtype ", dtype,
+    TORCH_CHECK_VALUE(false, "no ", what, " kernel compiled for head_dim ", num(head_dim), " and dtype ", c10::toString(dtype),
                       "; rebuild with FLASH_DASH_HDIMS / FLASH_DASH_DTYPES including it");
 }
 
@@ -66,7 +66,7 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
 
 void check_output(const at::Tensor& t, const char* name, const at::Tensor& like) {
     check_attn_tensor(t, name, like);
-    TORCH_CHECK(t.sizes() == like.sizes(), name, " must have shape ", like.sizes());
+    TORCH_CHECK(t.sizes() == like.sizes(), name, " must have shape ", shape_of(like), ", got ", shape_of(t));
 }
 
 // Optional debug output of the backward (nullptr when absent): a contiguous CUDA tensor of `type` shaped
@@ -115,12 +115,12 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     check_output(dk, "dk", k);
     check_output(dv, "dv", v);
     check_lse(lse, q);
-    TORCH_CHECK_VALUE(schedule >= 0 && schedule < kNumSchedules, "schedule id must be in [0, ", kNumSchedules,
-                      "), got ", schedule);
-    TORCH_CHECK_VALUE(grid >= 1 && grid <= p.num_sms, "grid must be in [1, ", p.num_sms, "] (SM count - sm_margin), got ",
-                      grid);
+    TORCH_CHECK_VALUE(schedule >= 0 && schedule < kNumSchedules, "schedule id must be in [0, ", num(kNumSchedules),
+                      "), got ", num(schedule));
+    TORCH_CHECK_VALUE(grid >= 1 && grid <= p.num_sms, "grid must be in [1, ", num(p.num_sms),
+                      "] (SM count - sm_margin), got ", num(grid));
     TORCH_CHECK_VALUE(claim_group >= 1 && claim_group <= INT32_MAX, "claim_group must be a positive int32, got ",
-                      claim_group);
+                      num(claim_group));
     p.out = out.data_ptr();
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
