@@ -525,7 +525,11 @@ def _run(cmd: List[str], cwd: Optional[str] = None) -> Optional[str]:
 
 
 def git_info() -> dict:
-    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT) or os.environ.get("GIT_COMMIT")
+    """The commit that runs. GIT_COMMIT wins: on a machine that got a copy of the working tree the local .git (if
+    any) can be a stale snapshot, so the caller names the commit it sent."""
+    if os.environ.get("GIT_COMMIT"):
+        return dict(commit=os.environ["GIT_COMMIT"], dirty=None, branch=None)
+    commit = _run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT)
     dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT)
     branch = _run(["git", "rev-parse", "--abbrev-ref", "HEAD"], cwd=REPO_ROOT)
     return dict(commit=commit, dirty=(bool(dirty) if dirty is not None else None), branch=branch)
