@@ -5,7 +5,8 @@
 #
 # Each folder .prebuilt/<name>/ with `make kernels` bf16 objects and a flags.txt (what differs) is linked in turn
 # (pip install with FLASH_DASH_PREBUILT_DIR), checked with the bf16 GPU tests (test_fwd_gpu, test_bwd_gpu) and timed
-# with benchmarks/bench_attn.py $BENCH_ARGS (or the folder's bench_args.txt). The installed build is timed first with
+# with benchmarks/bench_attn.py $BENCH_ARGS (or the folder's bench_args.txt), and with compute-sanitizer on
+# tests/sanitize_{$SANITIZE_PASSES}.py when that is set. The installed build is timed first with
 # the same arguments; research/compare_runs.py prints each variant's ratio to it. Folders without flags.txt are
 # skipped. The installed build is not restored: link the one you want next.
 set -u -o pipefail
@@ -32,6 +33,12 @@ for dir in .prebuilt/*/; do
   for t in test_fwd_gpu test_bwd_gpu; do
     timeout 200 python3 -m pytest -q -p no:cacheprovider -x -k "not dtype1" "tests/$t.py" > "$OUTDIR/$t-$name.log" 2>&1
     echo "variant $name ($(cat "$dir/flags.txt")): $t $(tail -1 "$OUTDIR/$t-$name.log")"
+  done
+  for pass in ${SANITIZE_PASSES:-}; do  # e.g. SANITIZE_PASSES="bwd fwd": compute-sanitizer on the variant too
+    for tool in racecheck synccheck; do
+      timeout 150 compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" > "$OUTDIR/sanitize-$pass-$tool-$name.log" 2>&1
+      echo "variant $name: sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$OUTDIR/sanitize-$pass-$tool-$name.log" | tail -1)"
+    done
   done
   # shellcheck disable=SC2046,SC2086
   bench "$name" $( [ -f "$dir/bench_args.txt" ] && cat "$dir/bench_args.txt" || echo $BENCH_ARGS)
