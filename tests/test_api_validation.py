@@ -17,6 +17,11 @@ def qkv(b=1, sq=8, sk=8, h=2, hk=2, d=16, dtype=torch.float32):
         ({"schedule": 3}, ValueError, "schedule"),
         ({"schedule": "shift", "causal": True}, ValueError, "full masks only"),
         ({"schedule": "symmetric_shift"}, ValueError, "causal masks only"),
+        # validated in both modes, with every valid schedule of the mask named
+        ({"schedule": "shift", "causal": True, "deterministic": False}, ValueError,
+         "valid for causal masks: 'auto', 'ascending', 'descending', 'symmetric_shift'"),
+        ({"schedule": "symmetric_shift", "deterministic": False}, ValueError,
+         "valid for full masks: 'auto', 'ascending', 'descending', 'shift'"),
         ({"causal": 1}, TypeError, "causal must be a bool"),
         ({"deterministic": "yes"}, TypeError, "deterministic must be a bool"),
         ({"return_lse": None}, TypeError, "return_lse must be a bool"),
@@ -100,3 +105,37 @@ def test_backward_schedule_used_reports_the_order_that_runs():
     assert backward_schedule_used(q, k, causal=True, deterministic=False) == "descending"
     assert backward_schedule_used(q, q, causal=False, deterministic=False, schedule="shift") == "shift"
     assert backward_schedule_used(q, q, causal=False, schedule="shift") == "shift"
+
+
+def test_backward_schedule_used_validates_like_flash_attn_func():
+    from flash_attn_dash import backward_schedule_used
+
+    q = torch.empty(1, 64, 2, 64)
+    with pytest.raises(ValueError, match=r"q must be 4-D \(batch, seqlen, heads, head_dim\)"):
+        backward_schedule_used(q[0], q)
+    with pytest.raises(ValueError, match=r"k must be 4-D"):
+        backward_schedule_used(q, q[0])
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        backward_schedule_used(q, None)
+    with pytest.raises(ValueError, match="head_dim"):
+        backward_schedule_used(q, torch.empty(1, 64, 2, 32))
+    with pytest.raises(ValueError, match=r"q heads \(2\) must be a multiple of k/v heads \(3\)"):
+        backward_schedule_used(q, torch.empty(1, 64, 3, 64))
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        backward_schedule_used(q, q, causal="yes")
+
+
+def test_cpu_answers_what_a_gpu_build_accepts():
+    """On CPU tensors flash_attn_func runs the reference for any head dim, while backward_schedule_used answers for the
+    kernels: it refuses a head dim the variant table has no kernels for and an sm_margin that leaves no SM of the
+    modelled H200, as the GPU build would."""
+    from flash_attn_dash import backward_schedule_used, variants
+
+    q, k, v = qkv(d=96)
+    flash_attn_func(q, k, v, causal=True).sum()  # the reference takes it
+    with pytest.raises(ValueError, match=r"head_dim must be one of \(64, 128\) for the kernels"):
+        backward_schedule_used(q, k)
+    q = torch.empty(1, 64, 2, 64)
+    assert backward_schedule_used(q, q, sm_margin=131) in variants.SCHEDULE_NAMES
+    with pytest.raises(ValueError, match="sm_margin must be < 132"):
+        backward_schedule_used(q, q, sm_margin=132)

@@ -477,7 +477,7 @@ def _run(args, env_extra=None):
                           timeout=120, env=env)
 
 
-@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py"])
+@pytest.mark.parametrize("script", ["bench_attn.py", "bench_block.py", "plot.py", "bench_host.py"])
 def test_cli_help(script):
     r = _run([os.path.join("benchmarks", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -535,3 +535,14 @@ def test_fatal_if_context_broken(monkeypatch):
     monkeypatch.setattr(bc, "cuda_healthy", lambda: "illegal address")
     fatal = bc.fatal_if_context_broken(row, "dash 2k")
     assert fatal == "CUDA context unusable after dash 2k: illegal address" and row["reason"].endswith(fatal)
+
+
+def test_bench_host_runs_without_a_gpu(tmp_path):
+    out = tmp_path / "host.json"
+    r = _run(["benchmarks/bench_host.py", "--calls", "20", "--json", str(out)])
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 12 and all(row["new_shape_us"] > 0 and row["launch"]["grid"] >= 1 for row in rows)
+    assert "worst first decision of a shape" in r.stdout
+    r = _run(["benchmarks/bench_host.py", "--calls", "3"])
+    assert r.returncode == 2 and "--calls" in r.stderr
