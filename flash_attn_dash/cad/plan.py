@@ -10,7 +10,7 @@ Algorithm (greedy, after DistCA's bytes-per-FLOP scheduler, on a fixed chunk gri
      lowest such server to the least-loaded server it fits on;
   3. balance: take the most loaded server (lowest rank on ties) until max/mean <= 1 + tolerance; among its
      chunks x and servers r with load[r] + cost(x) < load[donor] that fit r's budget, move the one with the
-     fewest bytes sent per pair moved (ties: doc, chunk, server). Each move lowers the sum of squared loads,
+     fewest bytes on the wire (forward and backward) per pair moved (ties: doc, chunk, server). Each move lowers the sum of squared loads,
      so the loop ends; it stops early when no such move exists.
 """
 from __future__ import annotations
@@ -267,12 +267,13 @@ class _State:
         return self.task_bytes(i) + shrink * self.kv_row_bytes
 
     def sent_bytes(self, i: int, dest: int) -> int:
-        """Bytes the owner sends for chunk i if ``dest`` computes it: none to itself, else Q plus new K/V rows."""
+        """Bytes chunk i costs on the wire if ``dest`` computes it: none on its owner, else Q, O, dO and dQ rows,
+        the K/V rows ``dest`` does not hold yet, and its dK/dV partial."""
         c = self.chunks[i]
         if dest == c.owner:
             return 0
         grow = max(0, c.kv_rows - self.prefix(c.doc, dest))
-        return (c.end - c.start) * self.q_row_bytes + grow * self.kv_row_bytes
+        return 4 * (c.end - c.start) * self.q_row_bytes + (grow + c.kv_rows) * self.kv_row_bytes
 
     def move(self, i: int, dest: int) -> None:
         c, src = self.chunks[i], self.server[i]
