@@ -39,7 +39,8 @@ def layout(world: int) -> list[list[int]]:
 def doc_tensors(doc: int, dtype, heads: int, heads_kv: int, head_dim: int) -> list[torch.Tensor]:
     """q, k, v, dout of one document; the same whatever rank or position it gets."""
     g = torch.Generator().manual_seed(1000 + doc)
-    return [torch.randn(LENGTHS[doc], h, head_dim, generator=g, dtype=dtype) for h in (heads, heads_kv, heads_kv, heads)]
+    return [torch.randn(LENGTHS[doc], h, head_dim, generator=g, dtype=dtype)
+            for h in (heads, heads_kv, heads_kv, heads)]
 
 
 def make_plan(kind: str, doc_lens, tolerance: float, dims: dict, causal: bool):

@@ -1,4 +1,4 @@
-"""cad_attn_func: causal attention over packed documents, computed where a CAD plan says, differentiable.
+"""cad_attn_func: attention within packed documents, computed where a CAD plan says, differentiable.
 
 Forward, per plan (one, or the two halves of a ping-pong plan): each owner sends its chunks' queries and each
 document's K/V prefix (once per server) with all_to_all_single; each server runs its tasks in canonical
@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from .. import checks, kernels_available
 from . import comm
 from .fold import fold_partials
 from .layout import OwnerLayout, owner_layout
@@ -110,6 +111,9 @@ class _CADAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if ctx.cad is None:
+            raise RuntimeError("cad_attn_func runs one backward per forward (it frees its server buffers then); "
+                               "backward through it twice (retain_graph=True) is not supported")
         stages, opt, saved, kv_shape = ctx.cad
         ctx.cad = None  # free the server buffers now, not when the graph goes
         dq, dk, dv = _backward(stages, opt, saved, dout.contiguous(), kv_shape)
@@ -118,8 +122,6 @@ class _CADAttnFunc(torch.autograd.Function):
 
 def _check_tensors(plan: CADPlan | CADPingPongPlan, rank: int, q, k, v, cu_seqlens) -> list[int]:
     """Validate the tensors against each other and the plan; return cu_seqlens as ints."""
-    from .. import checks, kernels_available
-
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -167,8 +169,6 @@ def _check_tensors(plan: CADPlan | CADPingPongPlan, rank: int, q, k, v, cu_seqle
 
 
 def _check_options(plan, world: int, group, causal, deterministic, softmax_scale, sm_margin, device) -> None:
-    from .. import checks
-
     if not isinstance(plan, (CADPlan, CADPingPongPlan)):
         raise TypeError("plan must be a CADPlan or CADPingPongPlan (from plan_cad / plan_cad_pingpong), "
                         f"got {type(plan).__name__}")

@@ -88,7 +88,7 @@ def _mib(n: int) -> str:
 
 def _table(plan: CADPlan, planner_ms: float) -> str:
     lengths = [n for lens in plan.doc_lens for n in lens]
-    mean = sum(plan.load_before) / plan.world_size
+    mean = sum(plan.load_before) / plan.world_size  # > 0: plan_cad gives every rank a document
     phases = ", ".join(f"{p} {_mib(b)}" for p, b in plan.bytes_per_phase.items())
     lines = [
         f"cad-plan: {plan.world_size} ranks, {len(lengths)} documents, {sum(lengths)} tokens, "
@@ -102,7 +102,7 @@ def _table(plan: CADPlan, planner_ms: float) -> str:
     ]
     for r in range(plan.world_size):
         lines.append(f"{r:>4}  {len(plan.doc_lens[r]):>4}  {sum(plan.doc_lens[r]):>6}  "
-                     f"{plan.load_before[r] / mean if mean else 0:>16.3f}  {plan.load_after[r] / mean if mean else 0:>5.3f}"
+                     f"{plan.load_before[r] / mean:>16.3f}  {plan.load_after[r] / mean:>5.3f}"
                      f"  {len(plan.tasks[r]):>13}  {_mib(plan.memory_bytes[r])}")
     return "\n".join(lines)
 
@@ -114,7 +114,7 @@ def draw_loads(plan: CADPlan, path: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    mean = sum(plan.load_before) / plan.world_size or 1
+    mean = sum(plan.load_before) / plan.world_size
     ranks = range(plan.world_size)
     fig, ax = plt.subplots(figsize=(max(4.0, 0.6 * plan.world_size + 2), 3.2))
     ax.bar([r - 0.2 for r in ranks], [x / mean for x in plan.load_before], 0.4,

@@ -17,12 +17,8 @@ _WORD_BYTES = 7  # 56-bit words: negating one cannot overflow int64 (the handsha
 
 
 def host_transport(group: dist.ProcessGroup | None) -> bool:
+    """Whether the group's backend moves host memory (gloo), so CUDA tensors are staged through the host."""
     return dist.get_backend(group) == dist.Backend.GLOO
-
-
-def wire_device(group: dist.ProcessGroup | None, device: torch.device) -> torch.device:
-    """Where tensors must be for the group's backend: host memory for gloo, else ``device``."""
-    return torch.device("cpu") if host_transport(group) else device
 
 
 class Pending:
@@ -40,7 +36,7 @@ class Pending:
 def start_all_to_all(send: torch.Tensor, send_splits: Sequence[int], recv_splits: Sequence[int],
                      group: dist.ProcessGroup | None) -> Pending:
     """Start ``all_to_all_single`` of ``send`` (rows split along dim 0 per peer) and return it in flight."""
-    wire = send.to(wire_device(group, send.device)).contiguous()
+    wire = (send.cpu() if host_transport(group) else send).contiguous()
     recv = wire.new_empty((sum(recv_splits), *send.shape[1:]))
     work = dist.all_to_all_single(recv, wire, list(recv_splits), list(send_splits), group=group, async_op=True)
     return Pending(work, recv, wire, send.device)
@@ -65,8 +61,7 @@ def handshake(group: dist.ProcessGroup | None, local_error: Exception | None,
     words = [w for values in agreement.values() for w in values]
     flags = [0] * world
     flags[rank] = int(local_error is not None)
-    device = wire_device(group, torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available()
-                         else torch.device("cpu"))
+    device = torch.device("cpu") if host_transport(group) else torch.device("cuda", torch.cuda.current_device())
     t = torch.tensor(flags + words + [-w for w in words], dtype=torch.int64, device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
     values = t.tolist()

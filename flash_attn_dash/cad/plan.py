@@ -10,8 +10,8 @@ Algorithm (greedy, after DistCA's bytes-per-FLOP scheduler, on a fixed chunk gri
      lowest such server to the least-loaded server it fits on;
   3. balance: take the most loaded server (lowest rank on ties) until max/mean <= 1 + tolerance; among its
      chunks x and servers r with load[r] + cost(x) < load[donor] that fit r's budget, move the one with the
-     fewest bytes on the wire (forward and backward) per pair moved (ties: doc, chunk, server). Each move lowers the sum of squared loads,
-     so the loop ends; it stops early when no such move exists.
+     fewest bytes on the wire (forward and backward) per pair moved (ties: doc, chunk, server). Each move
+     lowers the sum of squared loads, so the loop ends; it stops early when no such move exists.
 """
 from __future__ import annotations
 
@@ -85,6 +85,13 @@ class CADPlan:
     Documents have global ids in rank-major order (rank 0's documents first); ``tasks[s]`` lists server s's
     chunks in canonical (doc, chunk) order, which is also owner-major. Split matrices count rows (tokens) and
     are indexed [owner][server]; use :meth:`splits` for one rank's all_to_all arguments.
+
+    Attributes beyond the planner's arguments: ``memory_budget_bytes`` per server (None: unlimited);
+    ``server_of[doc][chunk]``; ``moves`` in the order the planner made them; ``q_rows`` (queries, and O, dO,
+    dQ), ``kv_rows`` (each document's K/V prefix once per server) and ``partial_rows`` (dK/dV partials);
+    ``load_before``/``load_after`` in causal pairs per server (every chunk on its owner / this plan);
+    ``memory_bytes`` per server under the plan_cad memory model; ``fingerprint``, sha256 of the arguments and
+    the placement.
     """
 
     world_size: int

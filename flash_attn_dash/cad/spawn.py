@@ -73,6 +73,7 @@ def run_gloo(fn: Callable[..., Any], world_size: int, *args: Any, timeout_s: flo
                 for p in ctx.processes:
                     if p.is_alive():
                         p.kill()
+                        p.join()
                 raise TimeoutError(f"{world_size} ranks of {getattr(fn, '__name__', fn)} did not finish in "
                                    f"{timeout_s:.0f} s (hang?); killed them")
         results = []
