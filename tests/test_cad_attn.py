@@ -156,3 +156,20 @@ def test_negative_control_server_order_fold_changes_bits():
     folds = [folded for _, folded in by_server.values()]
     assert any(not torch.equal(folds[0], f) for f in folds[1:])  # plan-dependent bits
     torch.testing.assert_close(folds[0], canonical)  # the same sum up to rounding
+
+
+def gradcheck_worker(rank: int, world: int) -> bool:
+    """fp64 gradcheck of cad_attn_func at W=2 (equal token counts per rank, so both ranks make the same calls)."""
+    doc_lens = [[130, 70], [200]]
+    plan = plan_cad(doc_lens, 128, 0.0, heads=2, heads_kv=1, head_dim=4, dtype_bytes=8)
+    assert plan.moved_chunks > 0
+    g = torch.Generator().manual_seed(rank)
+    q = torch.randn(200, 2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    k, v = (torch.randn(200, 1, 4, generator=g, dtype=torch.float64, requires_grad=True) for _ in "kv")
+    cu = torch.tensor([0] + [sum(doc_lens[rank][:i + 1]) for i in range(len(doc_lens[rank]))], dtype=torch.int32)
+    return torch.autograd.gradcheck(lambda q, k, v: cad_attn_func(q, k, v, cu, plan=plan, softmax_scale=0.7),
+                                    (q, k, v), fast_mode=True)
+
+
+def test_fp64_gradcheck_at_two_ranks():
+    assert run_gloo(gradcheck_worker, 2, timeout_s=120) == [True, True]

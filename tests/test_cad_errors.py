@@ -132,19 +132,3 @@ def hang_worker(rank: int, world: int) -> None:
         import time
         time.sleep(60)
 
-
-def double_backward_worker(rank: int, world: int) -> str:
-    q, k, v, cu = rank_inputs(rank)
-    q.requires_grad_()
-    out = cad_attn_func(q, k, v, cu, plan=plan_cad(DOC_LENS, 128, **DIMS))
-    out.sum().backward(retain_graph=True)
-    try:
-        out.sum().backward()
-    except RuntimeError as exc:
-        return str(exc)
-    return "no error"
-
-
-def test_second_backward_is_refused_on_every_rank():
-    for message in run_gloo(double_backward_worker, 2, timeout_s=60):
-        assert "runs one backward per forward" in message

@@ -106,16 +106,19 @@ class _CADAttnFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, stages, opt):
         out, saved = _forward(stages, opt, q, k, v)
-        ctx.cad = (stages, opt, saved, k.shape)  # server buffers: internal, never handed to the caller
+        # This rank's server buffers, saved so autograd frees them after backward (unless retain_graph).
+        ctx.save_for_backward(*(t for qb, kb, vb, ob, lses in saved for t in (qb, kb, vb, ob, *lses)))
+        ctx.cad = (stages, opt, k.shape)
         return out
 
     @staticmethod
     def backward(ctx, dout):
-        if ctx.cad is None:
-            raise RuntimeError("cad_attn_func runs one backward per forward (it frees its server buffers then); "
-                               "backward through it twice (retain_graph=True) is not supported")
-        stages, opt, saved, kv_shape = ctx.cad
-        ctx.cad = None  # free the server buffers now, not when the graph goes
+        stages, opt, kv_shape = ctx.cad
+        flat, saved = list(ctx.saved_tensors), []
+        for s in stages:
+            qb, kb, vb, ob = flat[:4]
+            saved.append((qb, kb, vb, ob, flat[4:4 + len(s.tasks)]))
+            del flat[:4 + len(s.tasks)]
         dq, dk, dv = _backward(stages, opt, saved, dout.contiguous(), kv_shape)
         return dq, dk, dv, None, None
 

@@ -48,6 +48,9 @@ def _rank_main(rank: int, fn: Callable[..., Any], world_size: int, port: int, ou
     except Exception as exc:  # the result of this rank, reported to the caller
         result = RankError(type(exc).__name__, str(exc), traceback.format_exc())
     finally:
+        # A rank that tears its connections down while a peer's gloo threads still finish an asynchronous
+        # all_to_all can abort that peer at exit; leave together.
+        dist.barrier()
         dist.destroy_process_group()
     with open(os.path.join(outdir, f"rank{rank}.pkl"), "wb") as f:
         pickle.dump(result, f)
