@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from flash_attn_dash.cad import cad_attn_func, plan_cad
+from flash_attn_dash.cad import cad_attn_func, gather_doc_lens, plan_cad
 from flash_attn_dash.cad.spawn import RankError, run_gloo
 
 DOC_LENS = [[200, 56], [300]]
@@ -84,7 +84,8 @@ def error_worker(rank: int, world: int) -> dict[str, tuple[str, str] | None]:
             seen[name] = (type(exc).__name__, str(exc))
     # The group is still usable after every rejection: a good call goes through and is correct.
     q, k, v, cu = rank_inputs(rank)
-    out = cad_attn_func(q, k, v, cu, plan=plan_cad(DOC_LENS, 128, 0.0, **DIMS))
+    assert gather_doc_lens(cu) == DOC_LENS
+    out = cad_attn_func(q, k, v, cu, plan=plan_cad(gather_doc_lens(cu), 128, 0.0, **DIMS))
     seen["good_call_after"] = ("ok", str(all(torch.equal(out[a:b], torch.ops.flash_attn_dash.fwd(
         q[None, a:b], k[None, a:b], v[None, a:b], 8 ** -0.5, True, 0)[0][0]) for a, b in zip(cu[:-1], cu[1:]))))
     return seen

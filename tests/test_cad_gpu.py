@@ -43,10 +43,10 @@ def test_chunk_calls_match_the_whole_document_bitwise(head_dim, heads, heads_kv,
                 o_c, lse_c, scale, True, True, SCHEDULE, margin)
             assert torch.equal(dq_c, dq[:, a:e]), f"dQ rows [{a}, {e}) sm_margin {margin}"
         partials.append(torch.stack([dk_c[0], dv_c[0]], 1))
-    # dK/dV are folded from chunk partials: close to the whole-document call, not bitwise (design/cad.md).
-    folded = fold_partials(partials, length, torch.bfloat16)
-    torch.testing.assert_close(folded[:, 0], dk[0], atol=2e-2, rtol=2e-2)
-    torch.testing.assert_close(folded[:, 1], dv[0], atol=2e-2, rtol=2e-2)
+    # dK/dV are folded from bf16 chunk partials: close to the whole-document call, not bitwise (design/cad.md).
+    folded = fold_partials(partials, length, torch.bfloat16).float()
+    for got, ref in ((folded[:, 0], dk[0].float()), (folded[:, 1], dv[0].float())):
+        assert (got - ref).norm() <= 1e-2 * ref.norm()
 
 
 @pytest.mark.parametrize("head_dim, heads, heads_kv", SHAPES[1::2])

@@ -42,6 +42,15 @@ def start_all_to_all(send: torch.Tensor, send_splits: Sequence[int], recv_splits
     return Pending(work, recv, wire, send.device)
 
 
+def gather_doc_lens(cu_seqlens: torch.Tensor, group: dist.ProcessGroup | None = None) -> list[list[int]]:
+    """Every rank's document lengths from each rank's cu_seqlens: the ``doc_lens`` that plan_cad needs on all
+    ranks (one all_gather_object; call it on every rank of ``group``)."""
+    cu = cu_seqlens.tolist()
+    table: list[list[int] | None] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(table, [b - a for a, b in zip(cu, cu[1:])], group=group)
+    return table
+
+
 def fingerprint_words(fingerprint: str) -> list[int]:
     """The first 224 bits of a hex sha256 as four non-negative 56-bit ints."""
     raw = bytes.fromhex(fingerprint)
