@@ -173,3 +173,32 @@ def gradcheck_worker(rank: int, world: int) -> bool:
 
 def test_fp64_gradcheck_at_two_ranks():
     assert run_gloo(gradcheck_worker, 2, timeout_s=120) == [True, True]
+
+
+def overlap_order_worker(rank: int, world: int) -> list[str]:
+    """The order in which a ping-pong forward and backward start transfers and compute (instrumented)."""
+    from flash_attn_dash.cad import attention, comm
+
+    events = []
+    start, fwd, bwd = comm.start_all_to_all, attention.forward_tasks, attention.backward_tasks
+    comm.start_all_to_all = lambda *a: events.append("send") or start(*a)
+    attention.forward_tasks = lambda tasks, *a: events.append(f"fwd {len(tasks)}") or fwd(tasks, *a)
+    attention.backward_tasks = lambda tasks, *a: events.append(f"bwd {len(tasks)}") or bwd(tasks, *a)
+    lens = [[300, 200, 500], [1000, 100]]
+    plan = plan_cad_pingpong(lens, 128, 0.0, heads=2, heads_kv=1, head_dim=8, dtype_bytes=4)
+    q = torch.randn(sum(lens[rank]), 2, 8, requires_grad=True)
+    k, v = torch.randn(sum(lens[rank]), 1, 8), torch.randn(sum(lens[rank]), 1, 8)
+    cu = torch.tensor([0] + [sum(lens[rank][:i + 1]) for i in range(len(lens[rank]))], dtype=torch.int32)
+    cad_attn_func(q, k, v, cu, plan=plan).sum().backward()
+    ping, pong = (len(h.tasks[rank]) for h in plan.halves)
+    return events, ping, pong
+
+
+def test_pingpong_dispatches_one_half_while_the_other_computes():
+    for events, ping, pong in run_gloo(overlap_order_worker, 2, timeout_s=60):
+        assert events == [
+            *["send"] * 6,                                # Q, K, V of both halves in flight before any compute
+            f"fwd {ping}", "send", f"fwd {pong}", "send",  # ping's output travels while pong computes
+            "send", "send",                                # dO of both halves
+            f"bwd {ping}", "send", "send", f"bwd {pong}", "send", "send",  # ping's dQ, dK/dV during pong
+        ]

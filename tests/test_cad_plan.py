@@ -247,3 +247,11 @@ def test_workload_batches():
     assert deal_round_robin([5, 6, 7, 8, 9], 2) == [[5, 7, 9], [6, 8]]
     with pytest.raises(ValueError, match="3 documents cannot give each of 4 ranks one"):
         deal_round_robin([1, 2, 3], 4)
+
+
+def test_planner_and_cli_import_neither_torch_nor_numpy():
+    code = ("import sys, flash_attn_dash.cad, flash_attn_dash.cad.cli; "
+            "print(sorted(m for m in ('torch', 'numpy') if m in sys.modules))")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": REPO}, capture_output=True,
+                         text=True, timeout=60)
+    assert run.returncode == 0 and run.stdout.strip() == "[]", run.stderr
