@@ -1,4 +1,5 @@
-"""Command line: ``flash-attn-dash plan`` predicts the backward schedules of one shape with the schedule model.
+"""Command line: ``flash-attn-dash plan`` predicts the backward schedules of one shape with the schedule model;
+``cad-plan`` plans a core-attention-disaggregation batch (:mod:`flash_attn_dash.cad.cli`); ``info`` shows the build.
 
 Example: ``flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png``.  Defaults follow the DASH benchmark
 grid: 16k tokens per batch (``batch = 16384 // seqlen``) and hidden size 2048 (``heads = 2048 // hdim``).
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from typing import NoReturn
 
 from . import __version__, variants
+from .cad import cli as cad_cli
 from .launch import bwd_launch
 from .schedule.auto import Prediction, auto_reason, model_choice, predict
 from .schedule.costs import default_costs
@@ -103,6 +105,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--max-ctas", type=_positive_int, default=16,
                       help="CTAs drawn per panel, sampled evenly (default 16)")
     plan.add_argument("--json", action="store_true", help="print the numbers as JSON")
+    cad_cli.add_parser(sub)
     sub.add_parser("info", help="what this install built and what the variant table holds",
                    description="Print the kernels this install built (or why none were), the variant table's head "
                                "dims and tiles, and the backward schedules.")
@@ -228,6 +231,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "info":
         return _info()
+    if args.command == "cad-plan":
+        return cad_cli.run(args)
     return _plan(args, plan)
 
 

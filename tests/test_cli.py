@@ -185,3 +185,10 @@ def test_info_reports_the_build_and_the_table(capsys):
         assert f"head dim {h.qk}:" in out
     for s in variants.SCHEDULES:
         assert f"schedule {s.name} (id {s.id})" in out
+
+
+def test_cad_plan_is_a_sub_command(capsys):
+    assert main(["cad-plan", "--world", "4", "--pareto", "1", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["world_size"] == 4 and len(data["load_after"]) == 4
+    assert data["imbalance_after"] <= data["imbalance_before"]
