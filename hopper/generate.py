@@ -59,7 +59,7 @@ def fwd_unit(v: V.Variant) -> str:
 def bwd_unit(v: V.Variant) -> str:
     h, t = v.head, v.head.bwd
     traits = f"bwd::BwdTraits<{ELEMENT[v.dtype]}, {h.qk}, {t.block_m}, {t.block_n}, {t.producer_regs}, {t.mma_regs}>"
-    dq_n = h.qk if h.qk <= 64 else h.qk // 2  # the dQ GEMM splits its N over the two MMA warpgroups above hdim 64
+    dq_n = h.qk if t.block_m == 128 else h.qk // 2  # 64-row tiles split the dQ GEMM's N over the warpgroups
     return (HEADER + _prologue({t.block_m, h.qk, h.v, dq_n}) + '#include "bwd/launch.h"\n\nnamespace flash_dash {\n\n'
             f"using Traits_{v.name} = {traits};\n\n"
             f"size_t workspace_{v.name}(BwdParams const& params) {{\n"

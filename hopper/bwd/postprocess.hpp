@@ -53,16 +53,19 @@ __global__ void __launch_bounds__(kPostprocessThreads) bwd_postprocess_dq_kernel
         *reinterpret_cast<float2*>(&tile[get<0>(tc(4 * j + 2)) * kPitch + get<1>(tc(4 * j + 2))]) = make_float2(v.z, v.w);
     }
     __syncthreads();
-    constexpr int kThreadsPerRow = kHeadDim / 4;
+    // Threads per row, 4 columns each, rounded up to a power of two (a head dim that is not one leaves the last
+    // threads of a row idle).
+    constexpr int kCols = kHeadDim / 4;
+    constexpr int kThreadsPerRow = kCols <= 16 ? 16 : 32;
     constexpr int kRowsPerPass = kPostprocessThreads / kThreadsPerRow;
-    static_assert(kBlockM % kRowsPerPass == 0);
+    static_assert(kHeadDim % 4 == 0 && kCols <= 32 && kBlockM % kRowsPerPass == 0);
     int const col = (tid % kThreadsPerRow) * 4;
     Element* dq = static_cast<Element*>(p.dq) + b * p.dq_batch + h * p.dq_head + col;
     cutlass::NumericArrayConverter<Element, float, 4> cvt;
     CUTLASS_PRAGMA_UNROLL
     for (int r = tid / kThreadsPerRow; r < kBlockM; r += kRowsPerPass) {
         int const row = m * kBlockM + r;
-        if (row < p.seqlen_q) {
+        if (row < p.seqlen_q && col < kHeadDim) {
             float4 const v = *reinterpret_cast<float4 const*>(&tile[r * kPitch + col]);
             cutlass::Array<float, 4> f;
             f[0] = v.x * p.scale; f[1] = v.y * p.scale; f[2] = v.z * p.scale; f[3] = v.w * p.scale;

@@ -27,9 +27,12 @@ constexpr int kPreprocessThreads = 256;
 
 template <class Element, int kBlockM, int kHeadDim>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(PreprocessParams const p) {
-    constexpr int kTPR = kHeadDim / 8;                  // threads per row, 8 elements each
+    // Threads per row, 8 elements each; a power of two so a row's threads reduce with xor shuffles (for a head dim
+    // that is not one, the last threads of a row load nothing).
+    constexpr int kCols = kHeadDim / 8;
+    constexpr int kTPR = kCols <= 8 ? 8 : (kCols <= 16 ? 16 : 32);
     constexpr int kRPP = kPreprocessThreads / kTPR;     // rows per pass
-    static_assert(32 % kTPR == 0);
+    static_assert(kHeadDim % 8 == 0 && kCols <= 32);
     int const m = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     int const tr = threadIdx.x / kTPR, tc = threadIdx.x % kTPR;
     int64_t const bh = int64_t(b) * p.heads + h;
@@ -39,7 +42,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(Prep
     for (int r = tr; r < kBlockM; r += kRPP) {
         int const row = m * kBlockM + r;
         float acc = 0.f;
-        if (row < p.seqlen_q) {
+        if (row < p.seqlen_q && tc < kCols) {
             auto a = *reinterpret_cast<cutlass::Array<Element, 8> const*>(dO + row * p.do_row + tc * 8);
             auto o = *reinterpret_cast<cutlass::Array<Element, 8> const*>(O + row * p.o_row + tc * 8);
             auto af = cvt(a);

@@ -33,9 +33,11 @@ template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kProduc
 struct BwdTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
-    static_assert(kHeadDim % 64 == 0 && kHeadDim <= 128, "head dim 64 or 128");
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= 128, "head dims up to 128, multiples of 32");
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
+    static_assert(kBlockN == 128, "S^T tiles: two MMA warpgroups of 64 K/V rows");
+    static_assert(kBlockM == 64 || kBlockM == 128, "one 64-row GMMA or one per MMA warpgroup for dQ");
     static constexpr int kStages = 2;     // Q/LSE and dO/dPsum
     static constexpr int kStagesdS = 2;
     static constexpr int NumMmaWG = 2;
@@ -44,7 +46,10 @@ struct BwdTraits {
     // Registers per thread at launch under __launch_bounds__(NumThreads, 1): the SM's registers shared by
     // NumThreads, in the allocation granularity of 8 (168 for 384 threads).
     static constexpr int kLaunchRegs = kRegistersPerSm / NumThreads / 8 * 8;
-    static constexpr bool dQ_split_M = kHeadDim <= 64;
+    // The dQ tile (kBlockM x d) is split over the two MMA warpgroups by rows when it has 64 per warpgroup, else by
+    // columns (each warpgroup a d/2-wide half).
+    static constexpr bool dQ_split_M = kBlockM == 128;
+    static constexpr int kdQN = dQ_split_M ? kHeadDim : kHeadDim / 2;  // GMMA N of one warpgroup's dQ
     // setmaxnreg split. The CTA owns what it launched with (kLaunchRegs x NumThreads), and setmaxnreg.inc
     // waits forever for registers the CTA does not own, so the split must fit in that.
     static constexpr int kProducerRegs = kProducerRegs_;
@@ -63,16 +68,21 @@ struct BwdTraits {
         Layout<Shape<_2, _1, _1>>{}));
     using AtomLayoutdQ = std::conditional_t<dQ_split_M, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>;
     using TiledMmadQ = decltype(make_tiled_mma(
-        GMMA::ss_op_selector<Element, Element, float, Shape<_64, _64, TileN>, GMMA::Major::MN, GMMA::Major::MN>(),
+        GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdQN>, TileN>, GMMA::Major::MN, GMMA::Major::MN>(),
         AtomLayoutdQ{}));
     static constexpr int kdQFragSize = kBlockM * kHeadDim / NumMmaThreads;  // fp32 per thread
     static_assert(kdQFragSize % 4 == 0);
     using DqHandoffT = DqHandoff<NumMmaWG, kdQFragSize>;
     static constexpr int kdQSliceFloats = DqHandoffT::kSliceFloats;  // per WG
 
-    using SmemLayoutQ = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileM, TileD, Int<kStages>>{}));
+    // Rows of d elements: the widest swizzle that divides them (128 B for 64 and 128, 64 B for 96).
+    using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+    using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
-    using SmemLayoutK = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<TileN, TileD>{}));
+    using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<TileN, TileD>{}));
+    static_assert(dQ_split_M || kdQN % decltype(size<1>(SmemAtom{}))::value == 0,
+                  "64-row tiles split the dQ GEMM's head_dim columns over the two MMA warpgroups: head_dim / 2 must be "
+                  "a multiple of the smem swizzle width (use 128-row tiles for this head dim)");
     using SmemLayoutV = SmemLayoutK;
     using SmemLayoutQt = decltype(composition(
         SmemLayoutQ{}, make_layout(Shape<TileD, TileM, Int<kStages>>{}, Stride<TileM, _1, Int<kBlockM * kHeadDim>>{})));
