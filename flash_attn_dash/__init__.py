@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "flash_attn_func": "interface",
     "backward_schedule_used": "interface",
+    "flash_attn_qkvpacked_func": "packed",
+    "flash_attn_kvpacked_func": "packed",
     "attention_ref": "reference",
     "kernels_available": "_ext",
     "build_info": "_ext",

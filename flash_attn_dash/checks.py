@@ -33,10 +33,22 @@ def _require_bool(name: str, value: object) -> None:
         raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__}")
 
 
+def _check_deterministic(deterministic: object) -> None:
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise TypeError("deterministic must be a bool (True or False) or None (follow "
+                        f"torch.are_deterministic_algorithms_enabled()), got {type(deterministic).__name__}")
+
+
+def resolve_deterministic(deterministic: bool | None) -> bool:
+    """``deterministic=None`` follows torch's switch (``torch.use_deterministic_algorithms``); a bool wins."""
+    _check_deterministic(deterministic)
+    return torch.are_deterministic_algorithms_enabled() if deterministic is None else deterministic
+
+
 def check_options(
     softmax_scale: float | None,
     causal: bool,
-    deterministic: bool,
+    deterministic: bool | None,
     schedule: str,
     sm_margin: int,
     return_lse: bool,
@@ -48,7 +60,7 @@ def check_options(
         if not math.isfinite(softmax_scale):
             raise ValueError(f"softmax_scale must be finite, got {softmax_scale}")
     _require_bool("causal", causal)
-    _require_bool("deterministic", deterministic)
+    _check_deterministic(deterministic)
     _require_bool("return_lse", return_lse)
     check_schedule(schedule, causal)
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int):
@@ -57,32 +69,41 @@ def check_options(
         raise ValueError(f"sm_margin must be >= 0, got {sm_margin}")
 
 
-def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> AttnShape:
-    """Validate q, k, v for the (batch, seqlen, heads, head_dim) layout; return the problem shape."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
+def softmax_scale_or_default(head_dim: int, softmax_scale: float | None) -> float:
+    """The scale of q·kᵀ: ``softmax_scale``, or head_dim ** -0.5 when it is None."""
+    return head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
+
+
+def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  names: tuple[str, str, str] = ("q", "k", "v")) -> AttnShape:
+    """Validate q, k, v for the (batch, seqlen, heads, head_dim) layout; return the problem shape.
+
+    ``names`` are what errors call them (views of a packed argument are named as its slices)."""
+    qn, kn, vn = names
+    for name, t in ((qn, q), (kn, k), (vn, v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 4:
             raise ValueError(f"{name} must be 4-D (batch, seqlen, heads, head_dim), got shape {tuple(t.shape)}")
-    for name, t in (("k", k), ("v", v)):
+    for name, t in ((kn, k), (vn, v)):
         if t.dtype != q.dtype:
-            raise TypeError(f"{name}.dtype must equal q.dtype ({q.dtype}), got {t.dtype}")
+            raise TypeError(f"{name}.dtype must equal {qn}.dtype ({q.dtype}), got {t.dtype}")
         if t.device != q.device:
-            raise ValueError(f"{name} must be on q's device ({q.device}), got {t.device}")
+            raise ValueError(f"{name} must be on {qn}'s device ({q.device}), got {t.device}")
     allowed = KERNEL_DTYPES if q.is_cuda else REFERENCE_DTYPES
     if q.dtype not in allowed:
-        names = ", ".join(str(d) for d in allowed)
-        raise TypeError(f"q.dtype must be one of {names} on {q.device.type}, got {q.dtype}")
+        accepted = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"{qn}.dtype must be one of {accepted} on {q.device.type}, got {q.dtype}")
     b, sq, h, d = q.shape
     bk, sk, hk, dk = k.shape
     if bk != b:
-        raise ValueError(f"k.shape[0] (batch) must equal q.shape[0] = {b}, got {bk}")
+        raise ValueError(f"{kn}.shape[0] (batch) must equal {qn}.shape[0] = {b}, got {bk}")
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v.shape must equal k.shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"{vn}.shape must equal {kn}.shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if dk != d:
-        raise ValueError(f"k.shape[3] (head_dim) must equal q.shape[3] = {d}, got {dk}")
+        raise ValueError(f"{kn}.shape[3] (head_dim) must equal {qn}.shape[3] = {d}, got {dk}")
     if hk == 0 or h % hk != 0:
-        raise ValueError(f"q heads ({h}) must be a multiple of k/v heads ({hk}) for GQA/MQA")
+        raise ValueError(f"{qn} heads ({h}) must be a multiple of {kn}/{vn} heads ({hk}) for GQA/MQA")
     return AttnShape(b, sq, sk, h, hk, d)
 
 

@@ -9,20 +9,17 @@ from .launch import bwd_launch
 _ext.warn_if_gpu_without_kernels()
 
 
-def _default_scale(head_dim: int, softmax_scale: float | None) -> float:
-    return head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
-
-
 def backward_schedule_used(
     q: torch.Tensor,
     k: torch.Tensor,
     causal: bool = False,
-    deterministic: bool = True,
+    deterministic: bool | None = True,
     schedule: str = "auto",
     sm_margin: int = 0,
 ) -> str:
     """The dQ accumulation order the backward of ``flash_attn_func(q, k, v, ...)`` will run with these arguments.
 
+    ``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``, as in ``flash_attn_func``.
     ``q`` and ``k`` are checked exactly as ``flash_attn_func`` checks them (``v`` is taken to be shaped like ``k``).
     The answer is the GPU kernels' on any device: on CPU tensors (where ``flash_attn_func`` runs the reference) it is
     what an H200 (132 SMs) would run, and it raises what a GPU build would raise (a head dim without kernels, an
@@ -32,6 +29,7 @@ def backward_schedule_used(
     (``variants.NONDETERMINISTIC_WALKS``) whatever ``schedule`` says.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
+    deterministic = checks.resolve_deterministic(deterministic)
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor, got {type(k).__name__}")
     shape = checks.check_tensors(q, k, k)
@@ -68,7 +66,7 @@ def flash_attn_func(
     v: torch.Tensor,
     softmax_scale: float | None = None,
     causal: bool = False,
-    deterministic: bool = False,
+    deterministic: bool | None = None,
     schedule: str = "auto",
     sm_margin: int = 0,
     return_lse: bool = False,
@@ -83,7 +81,8 @@ def flash_attn_func(
         causal: causal mask aligned bottom-right (query i sees key j iff j <= i + seqlen_k - seqlen_q);
             rows that see no key return 0 with lse = -inf.
         deterministic: make dq/dk/dv bitwise reproducible run to run by fixing the order of the dQ
-            (and, for GQA, dK/dV) reductions.
+            (and, for GQA, dK/dV) reductions. None (the default) follows torch's switch,
+            ``torch.are_deterministic_algorithms_enabled()``, read at call time; a bool wins.
         schedule: the order of those reductions: "auto", "ascending", "descending", "shift" (full masks),
             "symmetric_shift" (causal masks). It is validated in both modes (so flipping ``deterministic`` never
             turns a valid call into an error) but only deterministic backwards use it.
@@ -96,6 +95,7 @@ def flash_attn_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = checks.check_tensors(q, k, v)
-    scale = _default_scale(shape.head_dim, softmax_scale)
-    out, lse = _FlashAttnFunc.apply(q, k, v, scale, causal, deterministic, schedule, sm_margin)
+    scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
+    out, lse = _FlashAttnFunc.apply(q, k, v, scale, causal, checks.resolve_deterministic(deterministic), schedule,
+                                    sm_margin)
     return (out, lse) if return_lse else out

@@ -89,6 +89,24 @@ def _(q, k, v, softmax_scale, causal, sm_margin):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
+def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
+                  causal: bool, deterministic: bool, schedule: str, sm_margin: int) -> None:
+    """Fill ``dq``/``dk``/``dv`` on any device; they may be views of one packed gradient buffer."""
+    if not q.is_cuda:
+        if debug.debug_enabled():  # the order an H200 would run
+            launch_for(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
+        for grad, ref in zip((dq, dk, dv), attention_ref_bwd(dout, q, k, v, softmax_scale, causal)):
+            grad.copy_(ref)
+        return
+    _ext.require_kernels()
+    if q.numel() == 0 or k.numel() == 0:
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return
+    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
+
+
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())
 def bwd(
     dout: torch.Tensor,
@@ -104,17 +122,8 @@ def bwd(
     sm_margin: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
-    if not q.is_cuda:
-        if debug.debug_enabled():  # the order an H200 would run
-            launch_for(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
-        return attention_ref_bwd(dout, q, k, v, softmax_scale, causal)
-    _ext.require_kernels()
-    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
-    if q.numel() == 0 or k.numel() == 0:
-        return dq.zero_(), dk.zero_(), dv.zero_()
-    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    backward_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
     return dq, dk, dv
 
 
