@@ -65,6 +65,25 @@ def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
     return (q.shape[0], q.shape[2], q.shape[1])
 
 
+def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                 softmax_scale: float, causal: bool, sm_margin: int) -> None:
+    """Fill ``out`` (shaped like q, any kernel-friendly strides) and ``lse`` (batch, heads, seqlen_q) fp32 on any
+    device; callers that must return a layout of their own (torch's SDPA hook) pass views of it."""
+    if not q.is_cuda:
+        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, causal)
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+        return
+    check_cuda_inputs(q, k, v, sm_margin)
+    if q.numel() == 0:
+        return
+    if k.shape[1] == 0:  # no keys: every row sees nothing
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
+
+
 @torch.library.custom_op("flash_attn_dash::fwd", mutates_args=())
 def fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, sm_margin: int
@@ -73,14 +92,9 @@ def fwd(
     if not q.is_cuda:
         out, lse = attention_ref(q, k, v, softmax_scale, causal)
         return out.to(q.dtype).contiguous(), lse.contiguous()
-    check_cuda_inputs(q, k, v, sm_margin)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-    if q.numel() == 0:
-        return out, lse
-    if k.shape[1] == 0:  # no keys: every row sees nothing
-        return out.zero_(), lse.fill_(float("-inf"))
-    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
+    forward_into(q, k, v, out, lse, softmax_scale, causal, sm_margin)
     return out, lse
 
 
