@@ -1,0 +1,108 @@
+"""torch's own entry points on our kernels (flash_attn_dash.integrations.torch_flash activated), on the GPU.
+
+F.scaled_dot_product_attention on the flash backend must give the bits flash_attn_func gives on the transposed
+tensors, forward and backward (deterministic through torch's switch: same kernels, same order), also under
+torch.compile; restore_flash_attention_impl() must hand the ops back to torch's kernels.
+"""
+import pytest
+import torch
+import torch.nn.attention as attention
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from flash_attn_dash import flash_attn_func
+from flash_attn_dash.integrations import torch_flash
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not hasattr(attention, "register_flash_attention_impl"),
+                       reason=f"torch {torch.__version__} has no flash-attention hook"),
+]
+
+
+@pytest.fixture(autouse=True)
+def ours_deterministic():
+    torch_flash.activate()
+    torch.use_deterministic_algorithms(True)
+    yield
+    torch.use_deterministic_algorithms(False)
+    if attention.current_flash_attention_impl() == torch_flash.IMPL_NAME:
+        attention.restore_flash_attention_impl()
+
+
+def _sdpa_leaves(b, s_q, s_k, h, hk, d, seed):
+    """SDPA-layout leaves that are transposes of (batch, seqlen, heads, head_dim) memory, as projections give them."""
+    g = torch.Generator("cuda").manual_seed(seed)
+    return tuple(torch.randn(b, s, heads, d, generator=g, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+                 .requires_grad_() for s, heads in ((s_q, h), (s_k, hk), (s_k, hk)))
+
+
+def _ours(q, k, v, dout, causal):
+    """flash_attn_func on the same memory in our layout, deterministic."""
+    leaves = [t.detach().transpose(1, 2).requires_grad_() for t in (q, k, v)]
+    out = flash_attn_func(*leaves, causal=causal, deterministic=True)
+    grads = torch.autograd.grad(out, leaves, dout.transpose(1, 2))
+    return out.transpose(1, 2), [g.transpose(1, 2) for g in grads]
+
+
+def _sdpa(q, k, v, dout, causal):
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
+    return out, torch.autograd.grad(out, (q, k, v), dout)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("b,s,h,hk,d", [(2, 1024, 8, 8, 128), (1, 1000, 6, 2, 64), (2, 333, 4, 1, 128)])
+def test_sdpa_flash_backend_gives_flash_attn_func_bits(b, s, h, hk, d, causal):
+    q, k, v = _sdpa_leaves(b, s, s, h, hk, d, seed=s)
+    dout = torch.randn_like(q)
+    out, grads = _sdpa(q, k, v, dout, causal)
+    ref, ref_grads = _ours(q, k, v, dout, causal)
+    assert torch.equal(out, ref)
+    assert out.stride() == q.stride()  # laid out like query, as torch's meta kernel says
+    for g, r, leaf in zip(grads, ref_grads, (q, k, v)):
+        assert torch.equal(g, r)
+        assert g.stride() == leaf.stride()
+
+
+def test_sdpa_backward_is_bitwise_repeatable():
+    q, k, v = _sdpa_leaves(2, 2048, 2048, 8, 8, 128, seed=7)
+    dout = torch.randn_like(q)
+    first = _sdpa(q, k, v, dout, True)[1]
+    for _ in range(3):
+        assert all(torch.equal(a, b) for a, b in zip(first, _sdpa(q, k, v, dout, True)[1]))
+
+
+def test_sdpa_under_torch_compile_gives_eager_bits():
+    """Inductor runs the aten op as a fallback and checks its outputs against torch's meta kernel (sizes, strides)."""
+    q, k, v = _sdpa_leaves(2, 512, 512, 4, 4, 64, seed=3)
+    dout = torch.randn_like(q)
+    compiled = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=True),
+                             fullgraph=True)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        out = compiled(q, k, v)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    ref, ref_grads = _sdpa(q, k, v, dout, True)
+    assert torch.equal(out, ref)
+    assert all(torch.equal(g, r) for g, r in zip(grads, ref_grads))
+
+
+def test_unsupported_sdpa_arguments_raise_and_restore_hands_back_torchs_kernel():
+    q, k, v = _sdpa_leaves(1, 256, 256, 2, 2, 64, seed=5)
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        with pytest.raises(ValueError, match="aten::_scaled_dot_product_flash_attention on flash_attn_dash: "
+                                             "dropout_p must be 0.0"):
+            F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)
+        attention.restore_flash_attention_impl()
+        assert attention.current_flash_attention_impl() is None
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=0.1)  # torch's flash kernel has dropout
+    assert out.shape == q.shape and torch.isfinite(out).all()
+
+
+def test_varlen_attn_is_refused_until_the_varlen_api_lands():
+    from torch.nn.attention.varlen import varlen_attn
+
+    q, k, v = (torch.randn(300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
+    with pytest.raises(NotImplementedError, match="cum_seq_q/cum_seq_k .* not supported yet"):
+        varlen_attn(q, k, v, cu, cu, 200, 200)
