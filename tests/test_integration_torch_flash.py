@@ -235,6 +235,25 @@ def test_flash_attention_through_the_dispatcher_and_autograd(cpu_kernels):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
 
 
+@pytest.mark.parametrize("op", ["sdpa-bshd", "sdpa-bhsd", "flash"])
+def test_torch_compile_accepts_our_outputs(cpu_kernels, op):
+    """Inductor runs the aten ops as fallbacks and asserts their outputs' sizes and strides against torch's meta
+    kernels, forward and backward: the layouts we return are the ones a compiled graph expects."""
+    if op == "flash":
+        q, k, v = bshd_inputs(dtype=torch.float32, grad=True)
+        fn = lambda q, k, v: aten._flash_attention_forward(q, k, v, None, None, 0, 0, 0.0, True, False)[0]  # noqa: E731
+    else:
+        q, k, v = sdpa_inputs(hk=2, dtype=torch.float32, layout=op[5:], grad=True)
+        fn = lambda q, k, v: aten._scaled_dot_product_flash_attention(q, k, v, is_causal=True)[0]  # noqa: E731
+    torch._dynamo.reset()
+    out = torch.compile(fn, fullgraph=True)(q, k, v)
+    grads = torch.autograd.grad(out.square().sum(), (q, k, v))
+    ref = fn(q, k, v)
+    torch.testing.assert_close(out, ref)
+    for g, e in zip(grads, torch.autograd.grad(ref.square().sum(), (q, k, v))):
+        torch.testing.assert_close(g, e)
+
+
 # --- what we do not implement raises, naming the argument ---------------------------------------------------------
 
 
@@ -454,8 +473,8 @@ def test_register_activate_restore_round_trip():
     assert not any(_our_cuda_kernel(f"aten::{op}") for op in tf._ATEN_IMPLS)
 
 
-def test_activation_replaces_another_impl_and_back():
-    attention.register_flash_attention_impl("test-other", register_fn=lambda: None)
+def test_activation_replaces_another_impl_and_back(monkeypatch):
+    monkeypatch.setitem(attention._registry._FLASH_ATTENTION_IMPLS, "test-other", lambda: None)
     tf.activate()
     attention.activate_flash_attention_impl("test-other")  # restores ours first
     assert not _our_cuda_kernel()
