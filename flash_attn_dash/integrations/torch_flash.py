@@ -15,6 +15,7 @@ an error naming it, never a result computed some other way.
 from __future__ import annotations
 
 import functools
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -128,7 +129,7 @@ def _register_kernels(dispatch_key: str = "CUDA") -> _Handle:
     return _Handle(library)
 
 
-def _hook() -> Any:
+def _hook() -> types.ModuleType:
     import torch.nn.attention as attention
 
     missing = [name for name in _HOOK_FUNCTIONS if not hasattr(attention, name)]
@@ -163,10 +164,14 @@ def activate() -> None:
 # --- argument checks ---------------------------------------------------------------------------------------------
 
 
-def _check_forward_options(dropout_p: float, return_debug_mask: bool, alibi_slopes: torch.Tensor | None = None,
-                           block_table: torch.Tensor | None = None, num_splits: int | None = None) -> None:
+def _check_dropout(dropout_p: float) -> None:
     if dropout_p != 0.0:
         raise ValueError(f"dropout_p must be 0.0 (flash_attn_dash has no attention dropout), got {dropout_p}")
+
+
+def _check_forward_options(dropout_p: float, return_debug_mask: bool, alibi_slopes: torch.Tensor | None = None,
+                           block_table: torch.Tensor | None = None, num_splits: int | None = None) -> None:
+    _check_dropout(dropout_p)
     if return_debug_mask:
         raise ValueError("return_debug_mask must be False (flash_attn_dash returns no debug attention mask), got True")
     if alibi_slopes is not None:
@@ -176,11 +181,6 @@ def _check_forward_options(dropout_p: float, return_debug_mask: bool, alibi_slop
     if num_splits not in (None, 0, 1):
         raise ValueError(f"num_splits must be None, 0 or 1 (flash_attn_dash's forward does not split the keys), "
                          f"got {num_splits}")
-
-
-def _check_dropout(dropout_p: float) -> None:
-    if dropout_p != 0.0:
-        raise ValueError(f"dropout_p must be 0.0 (flash_attn_dash has no attention dropout), got {dropout_p}")
 
 
 def _is_causal(is_causal: bool, window_size_left: int | None, window_size_right: int | None) -> bool:
