@@ -13,6 +13,8 @@ __version__ = "0.1.0"
 _LAZY = {
     "flash_attn_func": "interface",
     "backward_schedule_used": "interface",
+    "flash_attn_varlen_func": "varlen",
+    "varlen_schedule_used": "varlen",
     "attention_ref": "reference",
     "kernels_available": "_ext",
     "build_info": "_ext",
