@@ -72,7 +72,7 @@ def fwd(
     """Forward attention: returns out (b, sq, h, d) in q's dtype and lse (b, h, sq) fp32, natural log."""
     if not q.is_cuda:
         out, lse = attention_ref(q, k, v, softmax_scale, causal)
-        return out.to(q.dtype).contiguous(), lse.contiguous()
+        return out.to(q.dtype).contiguous(), lse.to(torch.float32).contiguous()  # fp32 for every dtype, as the fake
     check_cuda_inputs(q, k, v, sm_margin)
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
