@@ -89,9 +89,6 @@ def fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, sm_margin: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Forward attention: returns out (b, sq, h, d) in q's dtype and lse (b, h, sq) fp32, natural log."""
-    if not q.is_cuda:
-        out, lse = attention_ref(q, k, v, softmax_scale, causal)
-        return out.to(q.dtype).contiguous(), lse.contiguous()
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     forward_into(q, k, v, out, lse, softmax_scale, causal, sm_margin)

@@ -42,3 +42,11 @@ def test_torch_compile_fullgraph_forward_and_backward(causal):
     torch.testing.assert_close(loss, ref)
     for g, r in zip(grads, ref_grads):
         torch.testing.assert_close(g, r, atol=1e-5, rtol=1e-4)
+
+
+def test_fp64_forward_agrees_with_its_fake():
+    """The fake promises an fp32 lse for every dtype; the CPU path must return one for fp64 inputs too."""
+    q, k, v = (torch.randn(1, 6, 2, 8, dtype=torch.float64) for _ in range(3))
+    out, lse = torch.ops.flash_attn_dash.fwd(q, k, v, 0.3, False, 0)
+    assert out.dtype == torch.float64 and lse.dtype == torch.float32
+    torch.library.opcheck(torch.ops.flash_attn_dash.fwd.default, (q, k, v, 0.3, False, 0))

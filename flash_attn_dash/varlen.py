@@ -1,0 +1,148 @@
+"""Variable-length (packed) attention: flash_attn_varlen_func and varlen_schedule_used, FlashAttention-3's layout.
+
+Sequences are packed along the first dimension, (total_tokens, heads, head_dim), with int32 offsets ``cu_seqlens_*``.
+On CUDA tensors the backend is interim (:mod:`.varlen_cuda`): each sequence runs through the dense kernels, which
+needs the offsets on the host, one device-to-host copy per forward and per backward, until varlen kernels replace it.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import _ext, checks, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
+from . import interface  # noqa: F401  (loads the extension and the dense ops)
+from .varlen_checks import check_varlen_args
+from .launch import sequence_launch
+from .varlen_layout import read_layout
+
+_ext.warn_if_gpu_without_kernels()
+
+
+class _FlashAttnVarlenFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                softmax_scale, causal, deterministic, schedule, sm_margin):
+        out, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                        max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+                                                        sm_margin)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+        ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
+        ctx.options = (softmax_scale, causal, deterministic, schedule, sm_margin)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = ctx.saved_tensors
+        # Incoming gradients can be expanded or strided views; the kernels need TMA-friendly strides.
+        dq, dk, dv = torch.ops.flash_attn_dash.varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q,
+                                                          cu_seqlens_k, *ctx.max_seqlens, seqused_q, seqused_k,
+                                                          *ctx.options)
+        return (dq, dk, dv) + (None,) * 11
+
+
+def flash_attn_varlen_func(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    deterministic: bool | None = None,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Attention within each of a batch of sequences packed along the token dimension, differentiable in q, k, v.
+
+    Sequence b's queries are rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q; they attend to rows
+    ``cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1`` of k and v, and to nothing of the other sequences.
+
+    Args:
+        q: (total_q, heads, head_dim), fp16 or bf16 on an sm90 GPU (CPU tensors, also fp32/fp64 and any head dim,
+            run the PyTorch reference with the same semantics).
+        k, v: (total_k, heads_k, head_dim) on q's device in q's dtype; heads % heads_k == 0 gives GQA/MQA.
+        cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device, the same batch for both: 0, then the running
+            sum of the sequence lengths, ending at total_q (total_k). Lengths may be 0: a sequence without queries
+            has no rows; one with queries but no keys gives out = 0 and lse = -inf on its rows.
+        max_seqlen_q, max_seqlen_k: positive ints that must bound every sequence's length (``cu_seqlens_*[b+1] -
+            cu_seqlens_*[b]``); a bound below a real length raises. The varlen kernels will size their grids from
+            them, so tight bounds cost less.
+        seqused_q, seqused_k: None, or int32 (batch,) on q's device: sequence b uses only its first
+            ``seqused_*[b]`` tokens (each in [0, that sequence's length]); the rest of its rows are ignored (out 0,
+            lse -inf, gradients 0), and the used lengths are the sequence's lengths for the causal mask.
+        softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5.
+        causal: causal mask aligned bottom-right per sequence (query i of a sequence sees its key j iff
+            j <= i + len_k - len_q); rows that see no key return 0 with lse = -inf.
+        deterministic: make dq/dk/dv bitwise reproducible run to run, and each sequence's bits independent of the
+            pack: of the other sequences, their number, its position, ``sm_margin`` and the SM count (with a
+            portable order, below). None (the default) follows ``torch.are_deterministic_algorithms_enabled()``.
+        schedule: the order of the backward's reductions, as for :func:`flash_attn_dash.flash_attn_func`: "auto",
+            "ascending", "descending", "shift" (full masks), "symmetric_shift" (causal masks), validated in both
+            modes, used by deterministic backwards only. Deterministic "auto" means "descending" here: of the orders
+            whose bits do not depend on the grid ("ascending", "descending"), the faster. "shift" and
+            "symmetric_shift" run when asked for but are not portable: once the varlen kernels share one grid
+            among the sequences, a sequence's bits will depend on what it is packed with. Per sequence, the order
+            that runs: :func:`varlen_schedule_used`.
+        sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
+        return_lse: also return the log-sum-exp (heads, total_q), fp32, natural log (not differentiable).
+
+    Returns:
+        out (total_q, heads, head_dim) in q's dtype, or (out, lse) if return_lse.
+
+    Every argument is checked before anything is launched, from dtypes, devices and shapes (including that q, k
+    and v stay below 2**31 elements, the varlen kernels' 32-bit offsets). The values of ``cu_seqlens_*`` and
+    ``seqused_*`` (starting at 0, non-decreasing, ending at the packed total, lengths within ``max_seqlen_*``, used
+    counts within the lengths) are checked where they are read: on CPU tensors at no cost, on CUDA tensors on the
+    host copy the interim CUDA path makes (one device-to-host copy, a stream sync, per forward and per backward,
+    so the call cannot be captured in a CUDA graph; the varlen kernels will remove that copy).
+    """
+    checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
+    shape = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
+    out, lse = _FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                          seqused_k, scale, causal, checks.resolve_deterministic(deterministic),
+                                          schedule, sm_margin)
+    return (out, lse) if return_lse else out
+
+
+def varlen_schedule_used(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None = None,
+    seqused_k: torch.Tensor | None = None,
+    causal: bool = False,
+    deterministic: bool | None = True,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+) -> list[str | None]:
+    """The dQ accumulation order each sequence's backward runs in ``flash_attn_varlen_func(q, k, v, ...)`` with
+    these arguments, in pack order; None for a sequence with no backward work (no used query or no used key).
+
+    Arguments are checked as ``flash_attn_varlen_func`` checks them (``v`` is taken to be shaped like ``k``),
+    including the values of ``cu_seqlens_*``/``seqused_*`` (on CUDA tensors: one device-to-host copy). As
+    :func:`flash_attn_dash.backward_schedule_used`, the answer is the GPU kernels' on any device (on CPU tensors:
+    an H200's 132 SMs), and it raises what a GPU build would raise (a head dim without kernels, an ``sm_margin``
+    that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
+    fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
+    and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
+    """
+    checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
+    deterministic = checks.resolve_deterministic(deterministic)
+    if not isinstance(k, torch.Tensor):
+        raise TypeError(f"k must be a torch.Tensor, got {type(k).__name__}")
+    shape = check_varlen_args(q, k, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    checks.check_kernel_head_dim(shape.head_dim)
+    num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, shape.total_q,
+                       shape.total_k)
+    return [sequence_launch(causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms, deterministic,
+                            schedule).schedule if s.has_work else None for s in seqs]

@@ -1,0 +1,47 @@
+"""The CUDA implementation of the varlen ops: interim, one dense kernel call per sequence.
+
+The varlen ops (:mod:`.varlen_ops`) call nothing else on CUDA tensors, so the varlen kernels replace :func:`forward`
+and :func:`backward` here and nothing else changes. Until then, limitations they will remove:
+
+* reading ``cu_seqlens_*``/``seqused_*`` costs one device-to-host copy (a stream sync) per forward and per backward
+  (:func:`.varlen_layout.read_layout`), so a varlen call cannot be captured in a CUDA graph;
+* every sequence is its own forward and backward launch, so many short sequences are launch-bound.
+Bits do not change when the kernels land: each sequence already runs the order the varlen kernels must give it
+(:func:`.launch.sequence_launch`).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops, varlen_per_sequence
+from .varlen_layout import read_layout
+
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_margin: int) -> None:
+    """The dense kernels' constraints on the packed tensors (every sequence's view shares their strides and
+    alignment), before the first launch."""
+    ops.check_cuda_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+            cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, seqused_q: torch.Tensor | None,
+            seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool,
+            sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``flash_attn_dash::varlen_fwd`` on CUDA tensors."""
+    _check(q, k, v, sm_margin)
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
+                       k.shape[0])
+    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin)
+
+
+def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+             max_seqlen_k: int, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: float,
+             causal: bool, deterministic: bool, schedule: str,
+             sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``flash_attn_dash::varlen_bwd`` on CUDA tensors."""
+    _check(q, k, v, sm_margin)
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
+                       k.shape[0])
+    return varlen_per_sequence.backward(dout, q, k, v, out, lse, seqs, softmax_scale, causal, deterministic, schedule,
+                                        sm_margin)

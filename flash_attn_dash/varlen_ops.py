@@ -1,0 +1,79 @@
+"""torch custom ops of varlen attention: ``flash_attn_dash::varlen_fwd`` and ``flash_attn_dash::varlen_bwd``.
+
+CPU tensors run the reference (one dense reference call per sequence, :mod:`.varlen_per_sequence`); CUDA tensors run
+:mod:`.varlen_cuda`. The fake implementations let ``torch.compile(fullgraph=True)`` trace them. The values of
+``cu_seqlens_*``/``seqused_*`` are checked inside the ops, where they are read: a traced graph has no values to read.
+"""
+from __future__ import annotations
+
+import torch
+
+from . import varlen_cuda, varlen_per_sequence
+from .varlen_layout import read_layout
+
+
+@torch.library.custom_op("flash_attn_dash::varlen_fwd", mutates_args=())
+def varlen_fwd(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    softmax_scale: float,
+    causal: bool,
+    sm_margin: int,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed forward: out (total_q, heads, d) in q's dtype and lse (heads, total_q) fp32, natural log."""
+    if q.is_cuda:
+        return varlen_cuda.forward(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                                   seqused_k, softmax_scale, causal, sm_margin)
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
+                       k.shape[0])
+    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin)
+
+
+@varlen_fwd.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
+      sm_margin):
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("flash_attn_dash::varlen_bwd", mutates_args=())
+def varlen_bwd(
+    dout: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    lse: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    seqused_q: torch.Tensor | None,
+    seqused_k: torch.Tensor | None,
+    softmax_scale: float,
+    causal: bool,
+    deterministic: bool,
+    schedule: str,
+    sm_margin: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed backward: (dq, dk, dv) shaped like (q, k, v) in their dtype; zero on rows no used query or key
+    covers."""
+    if q.is_cuda:
+        return varlen_cuda.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule, sm_margin)
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
+                       k.shape[0])
+    return varlen_per_sequence.backward(dout, q, k, v, out, lse, seqs, softmax_scale, causal, deterministic, schedule,
+                                        sm_margin)
+
+
+@varlen_bwd.register_fake
+def _(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+      softmax_scale, causal, deterministic, schedule, sm_margin):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)

@@ -1,0 +1,49 @@
+"""Varlen attention as one dense call per packed sequence, on batch-1 views of the packed tensors.
+
+Each sequence with work runs through the dense forward op ``flash_attn_dash::fwd`` (results copied into the packed
+outputs) and the dense backward (:func:`.ops.backward_into`, writing into the packed gradients' rows); every other row keeps out = 0, lse = -inf and zero gradients. On CPU tensors the dense ops
+run the reference, so this is the varlen reference; on CUDA tensors it is the interim path (:mod:`.varlen_cuda`).
+"""
+from __future__ import annotations
+
+import torch
+
+from . import ops
+from .launch import varlen_request
+from .varlen_layout import PackedSequence
+
+
+def _rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
+    """Rows of a packed (total, heads, d) tensor as a dense (1, len, heads, d) view."""
+    return t[rows].unsqueeze(0)
+
+
+def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: list[PackedSequence], softmax_scale: float,
+            causal: bool, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """out (total_q, heads, d) in q's dtype and lse (heads, total_q) fp32."""
+    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
+    for s in seqs:
+        if s.has_work:
+            o, l = torch.ops.flash_attn_dash.fwd(_rows(q, s.q), _rows(k, s.k), _rows(v, s.k), softmax_scale, causal,
+                                                 sm_margin)
+            out[s.q] = o[0]
+            lse[:, s.q] = l[0]
+    return out, lse
+
+
+def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+             lse: torch.Tensor, seqs: list[PackedSequence], softmax_scale: float, causal: bool, deterministic: bool,
+             schedule: str, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) shaped like (q, k, v); each sequence's backward asks for :func:`.varlen_request`'s order and
+    writes straight into its rows of the packed gradients."""
+    grads = tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    request = varlen_request(deterministic, schedule)
+    for s in seqs:
+        if s.has_work:
+            # A row slice of the (heads, total_q) lse is strided; the dense kernels take a contiguous one.
+            seq_lse = lse[:, s.q].unsqueeze(0).contiguous()
+            ops.backward_into(_rows(dout, s.q), _rows(q, s.q), _rows(k, s.k), _rows(v, s.k), _rows(out, s.q), seq_lse,
+                              *(_rows(g, rows) for g, rows in zip(grads, (s.q, s.k, s.k))), softmax_scale, causal,
+                              deterministic, request, sm_margin)
+    return grads

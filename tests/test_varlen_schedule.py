@@ -1,0 +1,127 @@
+"""Which order each packed sequence's backward runs, and why deterministic varlen "auto" is a portable order."""
+import numpy as np
+import pytest
+import torch
+from varlen_packs import make_pack
+
+import flash_attn_dash.ops as ops
+from flash_attn_dash import backward_schedule_used, flash_attn_varlen_func, set_debug, variants, varlen_schedule_used
+from flash_attn_dash.schedule import build_plan, bwd_tile_shape
+from flash_attn_dash.launch import PORTABLE_SCHEDULES, VARLEN_AUTO
+
+# hdim 64: the dense "auto" runs symmetric_shift on causal 1k and shift on full 1k (measured preferences)
+LENS_Q = [1024, 0, 256, 300, 1024]
+LENS_K = [1024, 128, 256, 700, 0]
+
+
+def _pack(**kwargs):
+    return make_pack(LENS_Q, LENS_K, heads=2, heads_k=1, head_dim=64, **kwargs)
+
+
+def _dense_answers(pack, causal, deterministic, schedule, sm_margin=0):
+    """backward_schedule_used of each sequence alone (None where it has no work)."""
+    answers = []
+    for rows_q, rows_k in pack.spans():
+        q, k = pack.q[rows_q].unsqueeze(0), pack.k[rows_k].unsqueeze(0)
+        has_work = q.shape[1] > 0 and k.shape[1] > 0
+        answers.append(backward_schedule_used(q, k, causal, deterministic, schedule, sm_margin) if has_work else None)
+    return answers
+
+
+def test_portable_schedules_are_kernel_orders():
+    assert VARLEN_AUTO in PORTABLE_SCHEDULES
+    assert set(PORTABLE_SCHEDULES) <= set(variants.SCHEDULE_NAMES)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_deterministic_auto_is_descending_on_every_sequence(causal):
+    pack = _pack()
+    got = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=causal)
+    assert got == ["descending", None, "descending", "descending", None]
+    # where the dense auto picks a grid-dependent order, varlen does not follow it
+    assert _dense_answers(pack, causal, True, "auto")[0] == ("symmetric_shift" if causal else "shift")
+
+
+# everything but deterministic "auto", varlen's own rule (test above)
+OTHER_REQUESTS = [(schedule, causal, deterministic)
+                  for schedule, causal in [("ascending", True), ("descending", False), ("shift", False),
+                                           ("symmetric_shift", True), ("auto", False), ("auto", True)]
+                  for deterministic in (True, False) if not (schedule == "auto" and deterministic)]
+
+
+@pytest.mark.parametrize("schedule,causal,deterministic", OTHER_REQUESTS)
+def test_explicit_orders_and_nondeterministic_walks_are_the_dense_ones(schedule, causal, deterministic):
+    """Anything but deterministic "auto" runs what the sequence's own dense call runs, fallbacks included
+    (symmetric_shift needs equal lengths: sequence 3 falls back to descending)."""
+    pack = _pack()
+    got = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=causal, deterministic=deterministic,
+                               schedule=schedule, sm_margin=4)
+    assert got == _dense_answers(pack, causal, deterministic, schedule, sm_margin=4)
+    if schedule == "symmetric_shift" and deterministic:
+        assert got == ["symmetric_shift", None, "symmetric_shift", "descending", None]
+
+
+def test_used_lengths_decide():
+    """seqused makes sequence 0 square (256 x 256), so symmetric_shift no longer falls back."""
+    pack = make_pack([300], [700], heads=2, head_dim=64)
+    args = pack.args()
+    assert varlen_schedule_used(pack.q, pack.k, **args, causal=True, schedule="symmetric_shift") == ["descending"]
+    args.update(seqused_q=torch.tensor([256], dtype=torch.int32), seqused_k=torch.tensor([256], dtype=torch.int32))
+    assert varlen_schedule_used(pack.q, pack.k, **args, causal=True, schedule="symmetric_shift") == ["symmetric_shift"]
+    args.update(seqused_k=torch.tensor([0], dtype=torch.int32))
+    assert varlen_schedule_used(pack.q, pack.k, **args, causal=True) == [None]
+
+
+def test_backward_asks_each_sequence_for_the_reported_order(monkeypatch):
+    """In debug mode the dense backward resolves each sequence's launch (ops.launch_for); the varlen backward must
+    ask it for the order varlen_schedule_used reports."""
+    seen = []
+    real = ops.launch_for
+
+    def record(q, k, causal, deterministic, schedule, num_sms):
+        launch = real(q, k, causal, deterministic, schedule, num_sms)
+        seen.append((q.shape[1], k.shape[1], launch.schedule))
+        return launch
+
+    monkeypatch.setattr(ops, "launch_for", record)
+    pack = make_pack([256, 0, 128, 200], [256, 64, 128, 300], heads=2, head_dim=64)
+    set_debug(True)
+    try:
+        out = flash_attn_varlen_func(pack.q, pack.k, pack.v, **pack.args(), causal=True, deterministic=True)
+        out.sum().backward()
+    finally:
+        set_debug(None)
+    assert seen == [(256, 256, "descending"), (128, 128, "descending"), (200, 300, "descending")]
+    reported = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True)
+    assert reported == ["descending", None, "descending", "descending"]
+
+
+def _head_orders(schedule, causal, seqlen, batch, b, num_sms, heads=2, h=1):
+    """A head's dQ addition orders (rank -> K/V tile, per Q tile) and each K/V tile's Q-tile walk, from the model."""
+    mask = "causal" if causal else "full"
+    block_m, block_n = bwd_tile_shape(64, causal)
+    plan = build_plan(mask, seqlen, seqlen, block_m, block_n, batch, heads, num_sms, schedule)
+    mine = (plan.step_b == b) & (plan.step_h == h)
+    walks = [tuple(plan.step_m[mine & (plan.step_n == n)]) for n in range(plan.grid.num_n)]
+    return plan.schedule_used, plan.trace_array()[b, h], walks
+
+
+# (batch, position, grid): alone on a full H200, third of three on 10 CTAs, second of five on 7
+PLACEMENTS = [(1, 0, 132), (3, 2, 10), (5, 1, 7)]
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("schedule", PORTABLE_SCHEDULES)
+def test_portable_orders_do_not_depend_on_placement_or_grid(schedule, causal):
+    first, *others = (_head_orders(schedule, causal, 1024, *p) for p in PLACEMENTS)
+    for other in others:
+        assert other[0] == first[0] == schedule
+        assert np.array_equal(other[1], first[1]) and other[2] == first[2]
+
+
+@pytest.mark.parametrize("schedule,causal", [("shift", False), ("symmetric_shift", True)])
+def test_round_based_orders_depend_on_placement_and_grid(schedule, causal):
+    """Why they are not varlen's auto: the same head gets other ranks or walks elsewhere in the grid."""
+    first, *others = (_head_orders(schedule, causal, 1024, *p) for p in PLACEMENTS)
+    assert all(o[0] == first[0] == schedule for o in others)
+    assert any(not np.array_equal(o[1], first[1]) or o[2] != first[2] for o in others)

@@ -1,0 +1,73 @@
+"""Packed batches for the varlen tests, and the per-sequence reference they are checked against."""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from flash_attn_dash.reference import attention_ref
+
+
+def cu_seqlens(lengths: list[int], device: str = "cpu") -> torch.Tensor:
+    return torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32, device=device)
+
+
+@dataclass
+class Pack:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    lens_q: list[int]
+    lens_k: list[int]
+    used_q: list[int] | None = None
+    used_k: list[int] | None = None
+
+    def args(self) -> dict:
+        """The packing arguments of flash_attn_varlen_func (tight max_seqlen_*)."""
+        device = self.q.device
+        return dict(cu_seqlens_q=cu_seqlens(self.lens_q, device), cu_seqlens_k=cu_seqlens(self.lens_k, device),
+                    max_seqlen_q=max(self.lens_q, default=0) or 1, max_seqlen_k=max(self.lens_k, default=0) or 1,
+                    seqused_q=None if self.used_q is None else torch.tensor(self.used_q, dtype=torch.int32,
+                                                                            device=device),
+                    seqused_k=None if self.used_k is None else torch.tensor(self.used_k, dtype=torch.int32,
+                                                                            device=device))
+
+    def spans(self) -> list[tuple[slice, slice]]:
+        """Each sequence's used (query rows, key rows)."""
+        used_q = self.lens_q if self.used_q is None else self.used_q
+        used_k = self.lens_k if self.used_k is None else self.used_k
+        starts_q = [0, *itertools.accumulate(self.lens_q)]
+        starts_k = [0, *itertools.accumulate(self.lens_k)]
+        return [(slice(a, a + n), slice(b, b + m)) for a, n, b, m in zip(starts_q, used_q, starts_k, used_k)]
+
+
+def make_pack(lens_q: list[int], lens_k: list[int], heads: int = 4, heads_k: int = 2, head_dim: int = 16,
+              dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, used_q: list[int] | None = None,
+              used_k: list[int] | None = None) -> Pack:
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device).requires_grad_()
+
+    total_q, total_k = sum(lens_q), sum(lens_k)
+    return Pack(rand(total_q, heads, head_dim), rand(total_k, heads_k, head_dim), rand(total_k, heads_k, head_dim),
+                list(lens_q), list(lens_k), used_q, used_k)
+
+
+def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax_scale: float | None = None):
+    """(out, lse, dq, dk, dv) from attention_ref on each sequence's used rows alone (autograd gradients); rows no
+    sequence uses hold out 0, lse -inf and zero gradients."""
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    out, dq, dk, dv = (torch.zeros_like(t) for t in (q, q, k, v))
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64)
+    for rows_q, rows_k in pack.spans():
+        leaves = [t[rows].unsqueeze(0).clone().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k),
+                                                                               (v, rows_k))]
+        o, l = attention_ref(*leaves, softmax_scale=softmax_scale, causal=causal)
+        grads = torch.autograd.grad(o, leaves, dout[rows_q].unsqueeze(0).to(o.dtype), allow_unused=True)
+        out[rows_q], lse[:, rows_q] = o[0].to(q.dtype), l[0].double()
+        for packed, rows, g in zip((dq, dk, dv), (rows_q, rows_k, rows_k), grads):
+            if g is not None:
+                packed[rows] = g[0].to(packed.dtype)
+    return out, lse, dq, dk, dv
