@@ -15,8 +15,10 @@ import pytest
 import torch
 import torch.nn.attention as attention
 import torch.nn.functional as F
+from torch.nn.attention.varlen import AuxRequest, varlen_attn, varlen_attn_out
+from varlen_packs import cu_seqlens, make_pack
 
-from flash_attn_dash import flash_attn_func
+from flash_attn_dash import flash_attn_func, flash_attn_varlen_func
 from flash_attn_dash.integrations import torch_flash as tf
 
 aten = torch.ops.aten
@@ -154,7 +156,7 @@ def test_sdpa_through_the_dispatcher_and_autograd(cpu_kernels, causal):
 
 
 def test_sdpa_causal_with_unequal_lengths_aligns_bottom_right():
-    """As torch's flash kernel (FlashAttention-2) does; SDPA's front end does not send this case to flash."""
+    """As torch's flash kernel (FlashAttention-2) aligns it (SDPA's math backend aligns it top-left)."""
     q, k, v = sdpa_inputs(sq=20, sk=45)
     out, lse = tf.scaled_dot_product_flash_attention(q, k, v, is_causal=True)[:2]
     ref_out, ref_lse = flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), causal=True, return_lse=True)
@@ -350,17 +352,6 @@ def test_refusals_reach_the_caller_through_the_dispatcher(cpu_kernels):
         aten._scaled_dot_product_flash_attention(q, k, v, 0.25)
 
 
-def test_ragged_inputs_are_not_supported_yet():
-    q, k, v = (t[0] for t in bshd_inputs(b=1, s_k=40))
-    cu = torch.tensor([0, 17, 40], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cum_seq_q/cum_seq_k .* not supported yet"):
-        tf.flash_attention_forward(q, k, v, cu, cu, 23, 23, 0.0, False, False)
-    with pytest.raises(NotImplementedError, match="cum_seq_q/cum_seq_k .* not supported yet"):
-        tf.flash_attention_forward_no_dropout_inplace(torch.empty_like(q), q, k, v, cu, cu, 23, 23, 0.0, False, False)
-    with pytest.raises(NotImplementedError, match="cum_seq_q/cum_seq_k .* not supported yet"):
-        tf.flash_attention_backward(q, q, k, v, q, torch.zeros(4, 40), cu, cu, 23, 23, 0.0, False, None, None)
-
-
 # --- determinism, schedules, SM margin ---------------------------------------------------------------------------
 
 
@@ -490,10 +481,121 @@ def test_missing_hook_names_the_torch_version(monkeypatch):
             fn()
 
 
-def test_varlen_attn_reaches_the_ragged_path(cpu_kernels):
-    from torch.nn.attention.varlen import varlen_attn
 
-    q, k, v = (t[0] for t in bshd_inputs(b=1, s_q=40, s_k=40))
-    cu = torch.tensor([0, 17, 40], dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="^aten::_flash_attention_forward on flash_attn_dash: cum_seq_q"):
-        varlen_attn(q, k, v, cu, cu, 23, 23, enable_gqa=True)
+# --- ragged inputs (varlen_attn) ---------------------------------------------------------------------------------
+
+LENS_Q, LENS_K = [17, 0, 30, 9], [23, 5, 30, 0]  # an empty sequence, and one with queries but no keys
+
+
+def ragged(heads_k=2, head_dim=64):
+    pack = make_pack(LENS_Q, LENS_K, heads=4, heads_k=heads_k, head_dim=head_dim, dtype=torch.float64, seed=3)
+    return pack, cu_seqlens(LENS_Q), cu_seqlens(LENS_K), max(LENS_Q), max(LENS_K)
+
+
+def ours_varlen(pack, cu_q, cu_k, max_q, max_k, causal, dout):
+    out, lse = flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k, causal=causal,
+                                      return_lse=True)
+    return out, lse, torch.autograd.grad(out, (pack.q, pack.k, pack.v), dout)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads_k", [4, 1])
+def test_ragged_matches_flash_attn_varlen_func(causal, heads_k):
+    pack, cu_q, cu_k, max_q, max_k = ragged(heads_k=heads_k)
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    result = tf.flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, causal, False, scale=0.1)
+    out, lse, rng_state, unused, _ = result
+    ref_out, ref_lse = flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k, softmax_scale=0.1,
+                                              causal=causal, return_lse=True)
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse, ref_lse)
+    meta = aten._flash_attention_forward(*to_meta(q, k, v, cu_q, cu_k), max_q, max_k, 0.0, causal, False, scale=0.1)
+    assert_like_meta(result, meta)
+    grads = tf.flash_attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, causal, rng_state,
+                                        unused, scale=0.1)
+    for g, e in zip(grads, torch.autograd.grad(ref_out, (pack.q, pack.k, pack.v), dout)):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+    assert_like_meta(grads, aten._flash_attention_backward(*to_meta(dout, q, k, v, out, lse, cu_q, cu_k), max_q,
+                                                           max_k, 0.0, causal, *to_meta(rng_state, unused),
+                                                           scale=0.1))
+
+
+def test_ragged_outputs_are_laid_out_like_query():
+    """Our varlen ops return contiguous tensors; a query with other (dense) strides gets them copied into its own."""
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    q = pack.q.detach().transpose(0, 1).contiguous().transpose(0, 1)  # (total, heads, d) of (heads, total, d) memory
+    out = tf.flash_attention_forward(q, pack.k.detach(), pack.v.detach(), cu_q, cu_k, max_q, max_k, 0.0, False,
+                                     False)[0]
+    assert out.stride() == q.stride()
+    torch.testing.assert_close(out, flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k),
+                               atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+def test_varlen_attn_through_the_dispatcher_and_autograd(cpu_kernels, window_size):
+    """torch's varlen_attn (what TorchTitan's varlen attention calls): its custom op calls aten's flash forward,
+    its autograd formula aten's flash backward; window_size=(-1, 0) is its causal mask."""
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    dout = torch.randn(pack.q.shape, dtype=pack.q.dtype)
+    out, lse = varlen_attn(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k, window_size=window_size,
+                           enable_gqa=True, return_aux=AuxRequest(lse=True))
+    grads = torch.autograd.grad(out, (pack.q, pack.k, pack.v), dout)
+    ref_out, ref_lse, ref_grads = ours_varlen(pack, cu_q, cu_k, max_q, max_k, window_size == (-1, 0), dout)
+    torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(lse, ref_lse)
+    for g, e in zip(grads, ref_grads):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+
+
+def test_varlen_attn_out_writes_out(cpu_kernels):
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    out = torch.full_like(q, float("nan"))
+    varlen_attn_out(out, q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0), enable_gqa=True)
+    torch.testing.assert_close(out, flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True),
+                               atol=1e-12, rtol=1e-12)
+
+
+def test_ragged_seqused_k_limits_the_keys():
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    used = torch.tensor([10, 5, 30, 0], dtype=torch.int32)
+    out = tf.flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, True, False, seqused_k=used)[0]
+    torch.testing.assert_close(out, flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=used,
+                                                           causal=True), atol=1e-12, rtol=1e-12)
+
+
+@pytest.mark.parametrize("change, error, message", [
+    (dict(cum_seq_q=torch.tensor([0, 17, 17, 47, 56])), TypeError, "cum_seq_q.dtype must be torch.int32"),
+    (dict(cum_seq_k=cu_seqlens([23, 5, 30])), ValueError, "cum_seq_k must have the length of cum_seq_q"),
+    (dict(max_q=20), ValueError, "max_q = 20 must bound every sequence's length, but sequence 2 has 30 tokens "
+                                 "\\(cum_seq_q\\[3\\] - cum_seq_q\\[2\\]\\)"),
+    (dict(max_k=0), ValueError, "max_k must be a positive int"),
+    (dict(cum_seq_q=cu_seqlens([17, 0, 30, 8])), ValueError, "cum_seq_q\\[-1\\] must equal query.shape\\[0\\] = 56"),
+    (dict(query=torch.zeros(56, 4, 2, 64, dtype=torch.float64)), ValueError, "query must be 3-D"),
+    (dict(query=torch.zeros(56, 4, 96, dtype=torch.float64)), ValueError,
+     "key.shape\\[2\\] \\(head_dim\\) must equal query"),
+])
+def test_ragged_refusals_name_atens_arguments(change, error, message):
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    args = dict(query=pack.q.detach(), key=pack.k.detach(), value=pack.v.detach(), cum_seq_q=cu_q, cum_seq_k=cu_k,
+                max_q=max_q, max_k=max_k)
+    args.update(change)
+    with pytest.raises(error, match="^aten::_flash_attention_forward on flash_attn_dash: " + message):
+        tf.flash_attention_forward(*args.values(), 0.0, False, False)
+
+
+def test_ragged_head_dims_without_kernels_are_refused():
+    pack, cu_q, cu_k, max_q, max_k = ragged(head_dim=32)
+    with pytest.raises(ValueError, match="head_dim must be one of \\(64, 128\\)"):
+        tf.flash_attention_forward(pack.q.detach(), pack.k.detach(), pack.v.detach(), cu_q, cu_k, max_q, max_k, 0.0,
+                                   False, False)
+
+
+def test_ragged_backward_refuses_a_dense_logsumexp():
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    with pytest.raises(ValueError, match="logsumexp must be float32 of shape \\(4, 56\\)"):
+        tf.flash_attention_backward(q, q, k, v, q, torch.zeros(1, 4, 56), cu_q, cu_k, max_q, max_k, 0.0, False, None,
+                                    None)

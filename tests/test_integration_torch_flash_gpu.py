@@ -2,15 +2,18 @@
 
 F.scaled_dot_product_attention on the flash backend must give the bits flash_attn_func gives on the transposed
 tensors, forward and backward (deterministic through torch's switch: same kernels, same order), also under
-torch.compile; restore_flash_attention_impl() must hand the ops back to torch's kernels.
+torch.compile, and varlen_attn the bits of flash_attn_varlen_func; restore_flash_attention_impl() must hand the ops
+back to torch's kernels.
 """
 import pytest
 import torch
 import torch.nn.attention as attention
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.varlen import AuxRequest, varlen_attn, varlen_attn_out
+from varlen_packs import cu_seqlens
 
-from flash_attn_dash import flash_attn_func
+from flash_attn_dash import flash_attn_func, flash_attn_varlen_func
 from flash_attn_dash.integrations import torch_flash
 
 pytestmark = [
@@ -99,10 +102,33 @@ def test_unsupported_sdpa_arguments_raise_and_restore_hands_back_torchs_kernel()
     assert out.shape == q.shape and torch.isfinite(out).all()
 
 
-def test_varlen_attn_is_refused_until_the_varlen_api_lands():
-    from torch.nn.attention.varlen import varlen_attn
+def _varlen_pack(heads, heads_k, d, seed):
+    lens_q, lens_k = [700, 0, 1100, 33], [900, 64, 1100, 0]  # an empty sequence, one with queries but no keys
+    g = torch.Generator("cuda").manual_seed(seed)
+    q, k, v = (torch.randn(sum(lens), h, d, generator=g, device="cuda", dtype=torch.bfloat16).requires_grad_()
+               for lens, h in ((lens_q, heads), (lens_k, heads_k), (lens_k, heads_k)))
+    return q, k, v, cu_seqlens(lens_q, "cuda"), cu_seqlens(lens_k, "cuda"), max(lens_q), max(lens_k)
 
-    q, k, v = (torch.randn(300, 4, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    cu = torch.tensor([0, 100, 300], device="cuda", dtype=torch.int32)
-    with pytest.raises(NotImplementedError, match="cum_seq_q/cum_seq_k .* not supported yet"):
-        varlen_attn(q, k, v, cu, cu, 200, 200)
+
+@pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0)], ids=["full", "causal"])
+@pytest.mark.parametrize("heads,heads_k,d", [(8, 8, 128), (6, 2, 64)])
+def test_varlen_attn_gives_flash_attn_varlen_func_bits(heads, heads_k, d, window_size):
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_pack(heads, heads_k, d, seed=d)
+    dout = torch.randn_like(q)
+    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, enable_gqa=heads != heads_k,
+                           return_aux=AuxRequest(lse=True))
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref, ref_lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, causal=window_size == (-1, 0),
+                                          deterministic=True, return_lse=True)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    for g, r in zip(grads, torch.autograd.grad(ref, leaves, dout)):
+        assert torch.equal(g, r)
+
+
+def test_varlen_attn_out_writes_the_forward_bits():
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_pack(4, 4, 128, seed=1)
+    q, k, v = (t.detach() for t in (q, k, v))
+    out = torch.full_like(q, float("nan"))
+    varlen_attn_out(out, q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0))
+    assert torch.equal(out, flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True))

@@ -14,15 +14,19 @@ an error naming it, never a result computed some other way.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import re
 import types
+from collections.abc import Iterator
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-from .. import checks, interface, ops, variants  # noqa: F401  (interface loads the extension and the dense ops)
+from .. import checks, interface, ops, variants, varlen_ops  # noqa: F401  (interface and varlen_ops define our ops)
 from ..launch import check_schedule
+from ..varlen_checks import VarlenShape, check_varlen_args
 
 __all__ = [
     "IMPL_NAME",
@@ -253,6 +257,31 @@ def _in_kernel_layout(t: torch.Tensor) -> torch.Tensor:
     return t if _kernel_ready(t) else t.clone(memory_format=torch.contiguous_format)
 
 
+def _output(like: torch.Tensor, out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(result, target)`` of an output the kernels write: result is ``out``, or a new tensor laid out like ``like``
+    (empty_like, as torch's meta kernels lay outputs out, which torch.compile checks); target is result, or a
+    contiguous scratch tensor where result's strides do not suit the kernels (:func:`_finish` copies it in)."""
+    result = torch.empty_like(like) if out is None else out
+    target = result if _kernel_ready(result) else torch.empty(result.shape, dtype=result.dtype, device=result.device)
+    return result, target
+
+
+def _finish(result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    if target is not result:
+        result.copy_(target)
+    return result
+
+
+def _returned_like(t: torch.Tensor, like: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A result of our varlen ops (which allocate their own) as the aten op returns it: copied into ``out`` if given,
+    else itself where it is laid out as torch's meta kernels lay it out (empty_like), else a copy that is."""
+    if out is not None:
+        return out.copy_(t)
+    if t.stride() == torch.empty_like(like, device="meta").stride():
+        return t
+    return torch.empty_like(like).copy_(t)
+
+
 def _bshd(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Views in our (batch, seqlen, heads, head_dim) layout of SDPA-layout (batch, heads, seqlen, head_dim) tensors."""
     return tuple(t.transpose(1, 2) for t in tensors)
@@ -269,7 +298,7 @@ def _no_debug_mask(query: torch.Tensor) -> torch.Tensor:
     return torch.empty(0, dtype=query.dtype, device=query.device)
 
 
-# --- dense passes in our layout ----------------------------------------------------------------------------------
+# --- the passes, in our layouts ----------------------------------------------------------------------------------
 
 
 def _dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float | None,
@@ -295,28 +324,50 @@ def _dense_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: tor
                       checks.resolve_deterministic(None), get_schedule(causal), sm_margin)
 
 
-def _flash_dense_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, out: torch.Tensor | None,
-                         scale: float | None, causal: bool,
-                         seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The dense case of ``_flash_attention_forward``: into ``out``, or a new tensor laid out like query."""
+# Our varlen checks name flash_attn_varlen_func's arguments; an aten caller passed aten's.
+_ATEN_VARLEN_NAMES = {"cu_seqlens_q": "cum_seq_q", "cu_seqlens_k": "cum_seq_k", "max_seqlen_q": "max_q",
+                      "max_seqlen_k": "max_k", "q": "query", "k": "key", "v": "value"}
+
+
+@contextlib.contextmanager
+def _aten_argument_names() -> Iterator[None]:
+    try:
+        yield
+    except (TypeError, ValueError) as e:
+        if e.args and isinstance(e.args[0], str):
+            renamed = re.sub(r"\b(cu_seqlens_[qk]|max_seqlen_[qk]|[qkv])\b", lambda m: _ATEN_VARLEN_NAMES[m[1]],
+                             e.args[0])
+            e.args = (renamed,) + e.args[1:]
+        raise
+
+
+def _check_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_seq_q: torch.Tensor,
+                  cum_seq_k: torch.Tensor, max_q: int, max_k: int, seqused_k: torch.Tensor | None) -> VarlenShape:
+    with _aten_argument_names():
+        return check_varlen_args(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None, seqused_k)
+
+
+def _flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cum_seq_q: torch.Tensor | None,
+                   cum_seq_k: torch.Tensor | None, max_q: int, max_k: int, out: torch.Tensor | None,
+                   scale: float | None, causal: bool,
+                   seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``_flash_attention_forward``'s two cases, into ``out`` or a new tensor laid out like query; returns (out,
+    lse): dense (batch, seqlen, heads, head_dim) tensors through the dense kernels, lse (batch, heads, seqlen_q);
+    ragged (total, heads, head_dim) ones through our varlen op, lse (heads, total_q)."""
+    q, k, v = (_in_kernel_layout(t) for t in (query, key, value))
+    if _is_ragged(cum_seq_q, cum_seq_k):
+        shape = _check_ragged(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, seqused_k)
+        scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
+        with _aten_argument_names():  # the values of cum_seq_* are checked where the op reads them
+            result, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None,
+                                                               seqused_k, scale, causal, sm_margin)
+        return _returned_like(result, query, out), lse
     if seqused_k is not None:
         raise ValueError("seqused_k must be None with dense (batch, seqlen, heads, head_dim) inputs (flash_attn_dash "
                          "has no per-sequence key counts there), got a tensor")
-    q, k, v = (_in_kernel_layout(t) for t in (query, key, value))
-    target = torch.empty_like(q) if out is None or not _kernel_ready(out) else out
+    result, target = _output(query, out)
     lse = _dense_forward(q, k, v, target, scale, causal)
-    if out is None:
-        return target, lse
-    if target is not out:
-        out.copy_(target)
-    return out, lse
-
-
-def _ragged_not_supported() -> NotImplementedError:
-    return NotImplementedError(
-        "cum_seq_q/cum_seq_k (ragged (total, heads, head_dim) inputs, what varlen_attn passes) are not supported yet: "
-        "flash_attn_dash's varlen API has not landed. Pass dense (batch, seqlen, heads, head_dim) inputs with "
-        "cum_seq_q=None and cum_seq_k=None, or restore torch's kernels (restore_flash_attention_impl)")
+    return _finish(result, target), lse
 
 
 # --- the aten ops ------------------------------------------------------------------------------------------------
@@ -342,10 +393,10 @@ def scaled_dot_product_flash_attention(
     """
     _check_forward_options(dropout_p, return_debug_mask)
     _check_sdpa_layout(query, key, value)
-    query, key, value = (_in_kernel_layout(t) for t in (query, key, value))
-    out = torch.empty_like(query)
-    lse = _dense_forward(*_bshd(query, key, value, out), scale, is_causal)
-    return (out, lse, None, None, query.size(2), key.size(2), *_rng_placeholders(query.device),
+    out, target = _output(query)
+    q, k, v = (_in_kernel_layout(t) for t in (query, key, value))
+    lse = _dense_forward(*_bshd(q, k, v, target), scale, is_causal)
+    return (_finish(out, target), lse, None, None, query.size(2), key.size(2), *_rng_placeholders(query.device),
             _no_debug_mask(query))
 
 
@@ -375,10 +426,10 @@ def scaled_dot_product_flash_attention_backward(
         raise ValueError("cum_seq_q and cum_seq_k must be None (SDPA's inputs are dense), got tensors")
     _check_sdpa_layout(query, key, value)
     _check_like(query, "query", grad_out=grad_out, out=out)
-    grad_out, query, key, value, out = (_in_kernel_layout(t) for t in (grad_out, query, key, value, out))
-    grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    _dense_backward(*_bshd(grad_out, query, key, value, out), logsumexp, *_bshd(*grads), scale, is_causal)
-    return grads
+    grads = [_output(t) for t in (query, key, value)]
+    dout, q, k, v, o = (_in_kernel_layout(t) for t in (grad_out, query, key, value, out))
+    _dense_backward(*_bshd(dout, q, k, v, o), logsumexp, *_bshd(*(target for _, target in grads)), scale, is_causal)
+    return tuple(_finish(*g) for g in grads)
 
 
 @_implements("_flash_attention_forward")
@@ -403,16 +454,16 @@ def flash_attention_forward(
     num_splits: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """``aten::_flash_attention_forward``: dense (batch, seqlen, heads, head_dim) inputs with cum_seq_q = cum_seq_k =
-    None (max_q/max_k unused), or ragged (total, heads, head_dim) ones with cum_seq_q/cum_seq_k (varlen_attn).
+    None (max_q/max_k unused), or ragged (total, heads, head_dim) ones with int32 offsets cum_seq_q/cum_seq_k and
+    bounds max_q/max_k (varlen_attn: :func:`flash_attn_dash.flash_attn_varlen_func`'s semantics, seqused_k
+    included). Key/value may have fewer heads (GQA).
 
     Returns the schema's (output laid out like query, logsumexp (batch, heads, seqlen_q) fp32 dense or (heads,
     total_q) ragged, rng_state, unused, debug_attn_mask = empty).
     """
     _check_forward_options(dropout_p, return_debug_mask, alibi_slopes, block_table, num_splits)
     causal = _is_causal(is_causal, window_size_left, window_size_right)
-    if _is_ragged(cum_seq_q, cum_seq_k):
-        raise _ragged_not_supported()
-    out, lse = _flash_dense_forward(query, key, value, None, scale, causal, seqused_k)
+    out, lse = _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, causal, seqused_k)
     return (out, lse, *_rng_placeholders(query.device), _no_debug_mask(query))
 
 
@@ -443,9 +494,7 @@ def flash_attention_forward_no_dropout_inplace(
     _check_forward_options(dropout_p, return_debug_mask, alibi_slopes, block_table, num_splits)
     causal = _is_causal(is_causal, window_size_left, window_size_right)
     _check_like(query, "query", out=out)
-    if _is_ragged(cum_seq_q, cum_seq_k):
-        raise _ragged_not_supported()
-    return _flash_dense_forward(query, key, value, out, scale, causal, seqused_k)[1]
+    return _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, out, scale, causal, seqused_k)[1]
 
 
 @_implements("_flash_attention_backward")
@@ -474,9 +523,17 @@ def flash_attention_backward(
     _check_dropout(dropout_p)
     causal = _is_causal(is_causal, window_size_left, window_size_right)
     _check_like(query, "query", grad_out=grad_out, out=out)
+    dout, q, k, v, o = (_in_kernel_layout(t) for t in (grad_out, query, key, value, out))
     if _is_ragged(cum_seq_q, cum_seq_k):
-        raise _ragged_not_supported()
-    grad_out, query, key, value, out = (_in_kernel_layout(t) for t in (grad_out, query, key, value, out))
-    grads = tuple(torch.empty_like(t) for t in (query, key, value))
-    _dense_backward(grad_out, query, key, value, out, logsumexp, *grads, scale, causal)
-    return grads
+        shape = _check_ragged(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None)
+        _check_lse(logsumexp, (shape.heads, shape.total_q))
+        scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
+        with _aten_argument_names():
+            grads = torch.ops.flash_attn_dash.varlen_bwd(dout, q, k, v, o, logsumexp.contiguous(), cum_seq_q,
+                                                         cum_seq_k, max_q, max_k, None, None, scale, causal,
+                                                         checks.resolve_deterministic(None), get_schedule(causal),
+                                                         sm_margin)
+        return tuple(_returned_like(g, t) for g, t in zip(grads, (query, key, value)))
+    grads = [_output(t) for t in (query, key, value)]
+    _dense_backward(dout, q, k, v, o, logsumexp, *(target for _, target in grads), scale, causal)
+    return tuple(_finish(*g) for g in grads)
