@@ -155,6 +155,22 @@ def test_sdpa_through_the_dispatcher_and_autograd(cpu_kernels, causal):
         torch.testing.assert_close(g, e, atol=1e-10, rtol=1e-10)
 
 
+def test_sdpa_layouts_the_kernels_cannot_take_are_copied():
+    """A last dim that is not contiguous: inputs are copied for the kernels, and outputs written to scratch, then
+    copied into tensors laid out as torch's meta kernels lay them out (like the inputs)."""
+    q, k, v = (torch.randn(2, 4, 64, 33, dtype=torch.float64).transpose(2, 3).requires_grad_() for _ in range(3))
+    dout = torch.randn(2, 4, 64, 33, dtype=torch.float64).transpose(2, 3)
+    out, lse, cq, ck, mq, mk, seed, offset, _ = tf.scaled_dot_product_flash_attention(q, k, v, 0.0, True)
+    grads = tf.scaled_dot_product_flash_attention_backward(dout, q, k, v, out, lse, cq, ck, mq, mk, 0.0, True, seed,
+                                                           offset)
+    ref = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(out, ref, atol=1e-10, rtol=1e-10)
+    assert out.stride() == q.stride()
+    for g, e, t in zip(grads, torch.autograd.grad(ref, (q, k, v), dout), (q, k, v)):
+        torch.testing.assert_close(g, e, atol=1e-10, rtol=1e-10)
+        assert g.stride() == t.stride()
+
+
 def test_sdpa_causal_with_unequal_lengths_aligns_bottom_right():
     """As torch's flash kernel (FlashAttention-2) aligns it (SDPA's math backend aligns it top-left)."""
     q, k, v = sdpa_inputs(sq=20, sk=45)
