@@ -18,8 +18,7 @@ import contextlib
 import functools
 import re
 import types
-from collections.abc import Iterator
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
