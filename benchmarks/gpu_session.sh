@@ -5,7 +5,8 @@
 #   steps: build tests sanitize bench (quick) bench-attn bench-block   (default: build tests sanitize bench)
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
-# TESTS (default: the four GPU test files), SANITIZE_PASSES (bwd fwd), SANITIZE_TOOLS (racecheck synccheck),
+# TESTS (default: every tests/*_gpu.py and the timeline test), SANITIZE_PASSES (bwd fwd),
+# SANITIZE_TOOLS (racecheck synccheck),
 # ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks). FlashAttention-4 rows need FA4 importable: source
 # .fa4/pK/stage.sh first (../shared/tools/fa4/prepare.sh). Logs and this call's new results come back in OUTDIR as
 # two tars (logs.tar, results.tar) and summary.txt.
@@ -36,7 +37,7 @@ if has build; then
   pack
 fi
 if has tests; then
-  for t in ${TESTS:-test_api_gpu test_fwd_gpu test_bwd_gpu test_research_bwd_timeline}; do
+  for t in ${TESTS:-$(cd tests && ls *_gpu.py | sed 's/\.py$//') test_research_bwd_timeline}; do
     timeout 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 "tests/$t.py" > "$LOG/$t.log" 2>&1
     summary+=("$t: $(tail -1 "$LOG/$t.log")")
     pack

@@ -15,6 +15,8 @@ _LAZY = {
     "backward_schedule_used": "interface",
     "flash_attn_qkvpacked_func": "packed",
     "flash_attn_kvpacked_func": "packed",
+    "flash_attn_varlen_qkvpacked_func": "packed",
+    "flash_attn_varlen_kvpacked_func": "packed",
     "flash_attn_varlen_func": "varlen",
     "varlen_schedule_used": "varlen",
     "attention_ref": "reference",

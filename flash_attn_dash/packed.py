@@ -1,56 +1,76 @@
-"""FlashAttention-compatible packed entry points: ``flash_attn_qkvpacked_func`` and ``flash_attn_kvpacked_func``.
+"""FlashAttention-compatible packed entry points: q, k, v in one tensor (qkv) or k, v in one (kv), dense and varlen.
 
 q, k and v are strided views of the packed tensor (the kernels take any 16-byte aligned strides), and the backward
 writes dq, dk, dv straight into views of one gradient buffer shaped like the packed input, so neither pass copies.
+The packing dimension follows the tokens: 2 in the dense (batch, seqlen, ...) layout, 1 in the varlen (total, ...) one.
 """
 from __future__ import annotations
 
 import torch
 
-from . import checks, ops
-from . import interface  # noqa: F401  (loads the extension and the fwd op)
+from . import checks, interface, ops, varlen  # noqa: F401  (interface/varlen define the forward ops called here)
+from .varlen_checks import check_varlen_args
+from .varlen_ops import varlen_backward_into
+
+_DENSE, _VARLEN = 2, 1  # the packing dimension of each layout
+_TOKENS = {_DENSE: "batch, seqlen", _VARLEN: "total"}
 
 
-def split_qkv(qkv: torch.Tensor, num_heads_q: int | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Views q, k, v of ``qkv``: (b, s, 3, h, d), or (b, s, num_heads_q + 2 * heads_k, d) when num_heads_q is given."""
+def split_qkv(qkv: torch.Tensor, num_heads_q: int | None,
+              dim: int = _DENSE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Views q, k, v of ``qkv``: (..., 3, heads, head_dim), or (..., num_heads_q + 2 * heads_k, head_dim) holding q's
+    heads, then k's, then v's when num_heads_q is given; ``dim`` is the packing dimension."""
     if num_heads_q is None:
-        return qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    heads_k = (qkv.shape[2] - num_heads_q) // 2
-    return (qkv[:, :, :num_heads_q], qkv[:, :, num_heads_q:num_heads_q + heads_k],
-            qkv[:, :, num_heads_q + heads_k:])
+        return qkv.select(dim, 0), qkv.select(dim, 1), qkv.select(dim, 2)
+    heads_k = (qkv.shape[dim] - num_heads_q) // 2
+    return (qkv.narrow(dim, 0, num_heads_q), qkv.narrow(dim, num_heads_q, heads_k),
+            qkv.narrow(dim, num_heads_q + heads_k, heads_k))
 
 
-def _check_qkv(qkv: torch.Tensor, num_heads_q: int | None) -> None:
+def split_kv(kv: torch.Tensor, dim: int = _DENSE) -> tuple[torch.Tensor, torch.Tensor]:
+    """Views k, v of ``kv`` (..., 2, heads_k, head_dim)."""
+    return kv.select(dim, 0), kv.select(dim, 1)
+
+
+def _check_qkv(qkv: object, num_heads_q: object, dim: int) -> tuple[str, str, str]:
+    """Validate the packed layout; return the names errors give the q, k, v views."""
     if not isinstance(qkv, torch.Tensor):
         raise TypeError(f"qkv must be a torch.Tensor, got {type(qkv).__name__}")
+    tokens = _TOKENS[dim]
     if num_heads_q is None:
-        if qkv.dim() != 5 or qkv.shape[2] != 3:
-            raise ValueError("qkv must be (batch, seqlen, 3, heads, head_dim), or (batch, seqlen, num_heads_q + "
-                             f"2 * heads_k, head_dim) with num_heads_q given; got shape {tuple(qkv.shape)}")
-        return
+        if qkv.dim() != dim + 3 or qkv.shape[dim] != 3:
+            raise ValueError(f"qkv must be ({tokens}, 3, heads, head_dim), or ({tokens}, num_heads_q + 2 * heads_k, "
+                             f"head_dim) with num_heads_q given; got shape {tuple(qkv.shape)}")
+        return tuple(f"qkv[{', '.join([':'] * dim)}, {i}]" for i in range(3))  # type: ignore[return-value]
     if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int):
         raise TypeError(f"num_heads_q must be an int or None, got {type(num_heads_q).__name__}")
-    if qkv.dim() != 4:
-        raise ValueError("with num_heads_q, qkv must be (batch, seqlen, num_heads_q + 2 * heads_k, head_dim), "
+    if qkv.dim() != dim + 2:
+        raise ValueError(f"with num_heads_q, qkv must be ({tokens}, num_heads_q + 2 * heads_k, head_dim), "
                          f"got shape {tuple(qkv.shape)}")
-    rest = qkv.shape[2] - num_heads_q
+    rest = qkv.shape[dim] - num_heads_q
     if num_heads_q < 1 or rest < 2 or rest % 2 != 0 or num_heads_q % (rest // 2) != 0:
-        raise ValueError(f"num_heads_q ({num_heads_q}) must leave qkv.shape[2] ({qkv.shape[2]}) = num_heads_q + "
+        raise ValueError(f"num_heads_q ({num_heads_q}) must leave qkv.shape[{dim}] ({qkv.shape[dim]}) = num_heads_q + "
                          "2 * heads_k with heads_k >= 1 dividing num_heads_q")
+    return "qkv (q heads)", "qkv (k heads)", "qkv (v heads)"
 
 
-def _check_kv(kv: torch.Tensor) -> None:
+def _check_kv(kv: object, dim: int) -> tuple[str, str]:
+    """Validate the packed layout; return the names errors give the k, v views."""
     if not isinstance(kv, torch.Tensor):
         raise TypeError(f"kv must be a torch.Tensor, got {type(kv).__name__}")
-    if kv.dim() != 5 or kv.shape[2] != 2:
-        raise ValueError(f"kv must be (batch, seqlen_k, 2, heads_k, head_dim), got shape {tuple(kv.shape)}")
+    if kv.dim() != dim + 3 or kv.shape[dim] != 2:
+        tokens = "batch, seqlen_k" if dim == _DENSE else "total_k"
+        raise ValueError(f"kv must be ({tokens}, 2, heads_k, head_dim), got shape {tuple(kv.shape)}")
+    return tuple(f"kv[{', '.join([':'] * dim)}, {i}]" for i in range(2))  # type: ignore[return-value]
 
+
+# Backward ops: one gradient buffer per packed argument, dq/dk/dv written into its views.
 
 @torch.library.custom_op("flash_attn_dash::bwd_qkvpacked", mutates_args=())
 def bwd_qkvpacked(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                   num_heads_q: int | None, softmax_scale: float, causal: bool, deterministic: bool, schedule: str,
                   sm_margin: int) -> torch.Tensor:
-    """Backward of the qkv-packed attention: dqkv shaped like qkv, dq/dk/dv written into its views."""
+    """Backward of the dense qkv-packed attention: dqkv shaped like qkv."""
     dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)
     ops.backward_into(dout, *split_qkv(qkv, num_heads_q), out, lse, *split_qkv(dqkv, num_heads_q), softmax_scale,
                       causal, deterministic, schedule, sm_margin)
@@ -66,11 +86,11 @@ def _(dout, qkv, out, lse, num_heads_q, softmax_scale, causal, deterministic, sc
 def bwd_kvpacked(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  softmax_scale: float, causal: bool, deterministic: bool, schedule: str,
                  sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Backward of the kv-packed attention: dq, and dkv shaped like kv with dk/dv written into its views."""
+    """Backward of the dense kv-packed attention: dq, and dkv shaped like kv."""
     dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
-    ops.backward_into(dout, q, kv[:, :, 0], kv[:, :, 1], out, lse, dq, dkv[:, :, 0], dkv[:, :, 1], softmax_scale,
-                      causal, deterministic, schedule, sm_margin)
+    ops.backward_into(dout, q, *split_kv(kv), out, lse, dq, *split_kv(dkv), softmax_scale, causal, deterministic,
+                      schedule, sm_margin)
     return dq, dkv
 
 
@@ -78,6 +98,46 @@ def bwd_kvpacked(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: tor
 def _(dout, q, kv, out, lse, softmax_scale, causal, deterministic, schedule, sm_margin):
     return q.new_empty(q.shape), kv.new_empty(kv.shape)
 
+
+@torch.library.custom_op("flash_attn_dash::varlen_bwd_qkvpacked", mutates_args=())
+def varlen_bwd_qkvpacked(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                         cu_seqlens: torch.Tensor, max_seqlen: int, num_heads_q: int | None, softmax_scale: float,
+                         causal: bool, deterministic: bool, schedule: str, sm_margin: int) -> torch.Tensor:
+    """Backward of the varlen qkv-packed attention: dqkv shaped like qkv, zero on rows of no sequence's work."""
+    dqkv = torch.zeros(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    varlen_backward_into(dout, *split_qkv(qkv, num_heads_q, _VARLEN), out, lse,
+                         *split_qkv(dqkv, num_heads_q, _VARLEN), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None,
+                         None, softmax_scale, causal, deterministic, schedule, sm_margin)
+    return dqkv
+
+
+@varlen_bwd_qkvpacked.register_fake
+def _(dout, qkv, out, lse, cu_seqlens, max_seqlen, num_heads_q, softmax_scale, causal, deterministic, schedule,
+      sm_margin):
+    return qkv.new_empty(qkv.shape)
+
+
+@torch.library.custom_op("flash_attn_dash::varlen_bwd_kvpacked", mutates_args=())
+def varlen_bwd_kvpacked(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                        cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                        softmax_scale: float, causal: bool, deterministic: bool, schedule: str,
+                        sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Backward of the varlen kv-packed attention: dq, and dkv shaped like kv."""
+    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    dkv = torch.zeros(kv.shape, dtype=kv.dtype, device=kv.device)
+    varlen_backward_into(dout, q, *split_kv(kv, _VARLEN), out, lse, dq, *split_kv(dkv, _VARLEN), cu_seqlens_q,
+                         cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None, softmax_scale, causal, deterministic,
+                         schedule, sm_margin)
+    return dq, dkv
+
+
+@varlen_bwd_kvpacked.register_fake
+def _(dout, q, kv, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+      deterministic, schedule, sm_margin):
+    return q.new_empty(q.shape), kv.new_empty(kv.shape)
+
+
+# Autograd: the forward runs the dense or varlen forward op on the views; the backward the matching op above.
 
 class _QKVPackedFunc(torch.autograd.Function):
     @staticmethod
@@ -91,14 +151,13 @@ class _QKVPackedFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         qkv, out, lse = ctx.saved_tensors
-        dqkv = torch.ops.flash_attn_dash.bwd_qkvpacked(dout.contiguous(), qkv, out, lse, *ctx.args)
-        return dqkv, None, None, None, None, None, None
+        return (torch.ops.flash_attn_dash.bwd_qkvpacked(dout.contiguous(), qkv, out, lse, *ctx.args),) + (None,) * 6
 
 
 class _KVPackedFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kv, softmax_scale, causal, deterministic, schedule, sm_margin):
-        out, lse = torch.ops.flash_attn_dash.fwd(q, kv[:, :, 0], kv[:, :, 1], softmax_scale, causal, sm_margin)
+        out, lse = torch.ops.flash_attn_dash.fwd(q, *split_kv(kv), softmax_scale, causal, sm_margin)
         ctx.save_for_backward(q, kv, out, lse)
         ctx.args = (softmax_scale, causal, deterministic, schedule, sm_margin)
         ctx.mark_non_differentiable(lse)
@@ -107,8 +166,51 @@ class _KVPackedFunc(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, _dlse):
         q, kv, out, lse = ctx.saved_tensors
-        dq, dkv = torch.ops.flash_attn_dash.bwd_kvpacked(dout.contiguous(), q, kv, out, lse, *ctx.args)
-        return dq, dkv, None, None, None, None, None
+        return torch.ops.flash_attn_dash.bwd_kvpacked(dout.contiguous(), q, kv, out, lse, *ctx.args) + (None,) * 5
+
+
+class _VarlenQKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, qkv, cu_seqlens, max_seqlen, num_heads_q, softmax_scale, causal, deterministic, schedule,
+                sm_margin):
+        out, lse = torch.ops.flash_attn_dash.varlen_fwd(*split_qkv(qkv, num_heads_q, _VARLEN), cu_seqlens, cu_seqlens,
+                                                        max_seqlen, max_seqlen, None, None, softmax_scale, causal,
+                                                        sm_margin)
+        ctx.save_for_backward(qkv, out, lse, cu_seqlens)
+        ctx.args = (max_seqlen, num_heads_q, softmax_scale, causal, deterministic, schedule, sm_margin)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        qkv, out, lse, cu_seqlens = ctx.saved_tensors
+        dqkv = torch.ops.flash_attn_dash.varlen_bwd_qkvpacked(dout.contiguous(), qkv, out, lse, cu_seqlens, *ctx.args)
+        return (dqkv,) + (None,) * 8
+
+
+class _VarlenKVPackedFunc(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal,
+                deterministic, schedule, sm_margin):
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
+        out, lse = torch.ops.flash_attn_dash.varlen_fwd(q, *split_kv(kv, _VARLEN), cu_seqlens_q, cu_seqlens_k,
+                                                        max_seqlen_q, max_seqlen_k, None, None, softmax_scale, causal,
+                                                        sm_margin)
+        ctx.save_for_backward(q, kv, out, lse, cu_seqlens_q, cu_seqlens_k)
+        ctx.args = (max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, schedule, sm_margin)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
+        q, kv, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+        dq, dkv = torch.ops.flash_attn_dash.varlen_bwd_kvpacked(dout.contiguous(), q, kv, out, lse, cu_seqlens_q,
+                                                                cu_seqlens_k, *ctx.args)
+        return (dq, dkv) + (None,) * 9
+
+
+def _result(out: torch.Tensor, lse: torch.Tensor, return_lse: bool) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    return (out, lse) if return_lse else out
 
 
 def flash_attn_qkvpacked_func(
@@ -134,13 +236,11 @@ def flash_attn_qkvpacked_func(
         buffer shaped like it.
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
-    _check_qkv(qkv, num_heads_q)
-    names = ("qkv[:, :, 0]", "qkv[:, :, 1]", "qkv[:, :, 2]") if num_heads_q is None else ("qkv", "qkv", "qkv")
-    shape = checks.check_tensors(*split_qkv(qkv, num_heads_q), names=names)
-    scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
-    out, lse = _QKVPackedFunc.apply(qkv, num_heads_q, scale, causal, checks.resolve_deterministic(deterministic),
-                                    schedule, sm_margin)
-    return (out, lse) if return_lse else out
+    names = _check_qkv(qkv, num_heads_q, _DENSE)
+    head_dim = checks.check_tensors(*split_qkv(qkv, num_heads_q), names=names).head_dim
+    out, lse = _QKVPackedFunc.apply(qkv, num_heads_q, checks.softmax_scale_or_default(head_dim, softmax_scale), causal,
+                                    checks.resolve_deterministic(deterministic), schedule, sm_margin)
+    return _result(out, lse, return_lse)
 
 
 def flash_attn_kvpacked_func(
@@ -165,9 +265,80 @@ def flash_attn_kvpacked_func(
         buffer shaped like it.
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
-    _check_kv(kv)
-    shape = checks.check_tensors(q, kv[:, :, 0], kv[:, :, 1], names=("q", "kv[:, :, 0]", "kv[:, :, 1]"))
-    scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
-    out, lse = _KVPackedFunc.apply(q, kv, scale, causal, checks.resolve_deterministic(deterministic), schedule,
-                                   sm_margin)
-    return (out, lse) if return_lse else out
+    names = _check_kv(kv, _DENSE)
+    head_dim = checks.check_tensors(q, *split_kv(kv), names=("q",) + names).head_dim
+    out, lse = _KVPackedFunc.apply(q, kv, checks.softmax_scale_or_default(head_dim, softmax_scale), causal,
+                                   checks.resolve_deterministic(deterministic), schedule, sm_margin)
+    return _result(out, lse, return_lse)
+
+
+def flash_attn_varlen_qkvpacked_func(
+    qkv: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    deterministic: bool | None = None,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+    num_heads_q: int | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attn_dash.flash_attn_varlen_func` on one packed tensor (self-attention), as FlashAttention-2's.
+
+    Args:
+        qkv: (total, 3, heads, head_dim); or, with ``num_heads_q``, (total, num_heads_q + 2 * heads_k, head_dim).
+        cu_seqlens: int32 (batch + 1,) offsets of the sequences, for queries and keys alike.
+        max_seqlen: a bound of every sequence's length.
+        num_heads_q, softmax_scale, causal, deterministic, schedule, sm_margin, return_lse: as in
+            ``flash_attn_qkvpacked_func`` / ``flash_attn_varlen_func``.
+
+    Returns:
+        out (total, heads_q, head_dim), or (out, lse (heads_q, total)) if return_lse. The gradient reaching ``qkv``
+        is one buffer shaped like it.
+    """
+    checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
+    names = _check_qkv(qkv, num_heads_q, _VARLEN)
+    shape = check_varlen_args(*split_qkv(qkv, num_heads_q, _VARLEN), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                              None, None, names=names)
+    out, lse = _VarlenQKVPackedFunc.apply(qkv, cu_seqlens, max_seqlen, num_heads_q,
+                                          checks.softmax_scale_or_default(shape.head_dim, softmax_scale), causal,
+                                          checks.resolve_deterministic(deterministic), schedule, sm_margin)
+    return _result(out, lse, return_lse)
+
+
+def flash_attn_varlen_kvpacked_func(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    max_seqlen_q: int,
+    max_seqlen_k: int,
+    softmax_scale: float | None = None,
+    causal: bool = False,
+    deterministic: bool | None = None,
+    schedule: str = "auto",
+    sm_margin: int = 0,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """:func:`flash_attn_dash.flash_attn_varlen_func` with k and v packed in one tensor, as FlashAttention-2's.
+
+    Args:
+        q: (total_q, heads, head_dim).
+        kv: (total_k, 2, heads_k, head_dim).
+        cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, deterministic, schedule,
+            sm_margin, return_lse: as in ``flash_attn_varlen_func``.
+
+    Returns:
+        out (total_q, heads, head_dim), or (out, lse) if return_lse. The gradient reaching ``kv`` is one buffer
+        shaped like it.
+    """
+    checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
+    names = _check_kv(kv, _VARLEN)
+    shape = check_varlen_args(q, *split_kv(kv, _VARLEN), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                              None, None, names=("q",) + names)
+    out, lse = _VarlenKVPackedFunc.apply(q, kv, cu_seqlens_q, varlen.k_offsets_arg(cu_seqlens_q, cu_seqlens_k),
+                                         max_seqlen_q, max_seqlen_k,
+                                         checks.softmax_scale_or_default(shape.head_dim, softmax_scale), causal,
+                                         checks.resolve_deterministic(deterministic), schedule, sm_margin)
+    return _result(out, lse, return_lse)

@@ -17,10 +17,17 @@ from .varlen_layout import read_layout
 _ext.warn_if_gpu_without_kernels()
 
 
+def k_offsets_arg(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> torch.Tensor | None:
+    """``cu_seqlens_k`` as an autograd.Function argument: None when it is ``cu_seqlens_q`` itself (self-attention
+    packs usually pass one tensor twice, and torch.compile cannot trace a Function given the same tensor twice)."""
+    return None if cu_seqlens_k is cu_seqlens_q else cu_seqlens_k
+
+
 class _FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                 softmax_scale, causal, deterministic, schedule, sm_margin):
+        cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                         max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
                                                         sm_margin)
@@ -104,9 +111,9 @@ def flash_attn_varlen_func(
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
-    out, lse = _FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
-                                          seqused_k, scale, causal, checks.resolve_deterministic(deterministic),
-                                          schedule, sm_margin)
+    out, lse = _FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, k_offsets_arg(cu_seqlens_q, cu_seqlens_k),
+                                          max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, scale, causal,
+                                          checks.resolve_deterministic(deterministic), schedule, sm_margin)
     return (out, lse) if return_lse else out
 
 

@@ -28,20 +28,21 @@ class VarlenShape:
     head_dim: int
 
 
-def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> checks.AttnShape:
+def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: tuple[str, str, str]) -> checks.AttnShape:
     """The packed layout's own rules; then check_tensors on batch-1 views for the rules shared with flash_attn_func
     (the packed shape checks come first so no error quotes the views' 4-D shapes)."""
-    for name, t, dims in (("q", q, "total_q, heads, head_dim"), ("k", k, "total_k, heads_k, head_dim"),
-                          ("v", v, "total_k, heads_k, head_dim")):
+    qn, kn, vn = names
+    for name, t, dims in ((qn, q, "total_q, heads, head_dim"), (kn, k, "total_k, heads_k, head_dim"),
+                          (vn, v, "total_k, heads_k, head_dim")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D ({dims}), got shape {tuple(t.shape)}")
     if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"v.shape must equal k.shape {tuple(k.shape)}, got {tuple(v.shape)}")
+        raise ValueError(f"{vn}.shape must equal {kn}.shape {tuple(k.shape)}, got {tuple(v.shape)}")
     if k.shape[2] != q.shape[2]:
-        raise ValueError(f"k.shape[2] (head_dim) must equal q.shape[2] = {q.shape[2]}, got {k.shape[2]}")
-    return checks.check_tensors(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
+        raise ValueError(f"{kn}.shape[2] (head_dim) must equal {qn}.shape[2] = {q.shape[2]}, got {k.shape[2]}")
+    return checks.check_tensors(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), names=names)
 
 
 def _check_index_range(tensors: dict[str, torch.Tensor]) -> None:
@@ -103,11 +104,12 @@ def check_varlen_args(
     max_seqlen_k: int,
     seqused_q: torch.Tensor | None,
     seqused_k: torch.Tensor | None,
+    names: tuple[str, str, str] = ("q", "k", "v"),
 ) -> VarlenShape:
     """Validate the tensors and lengths of a varlen call from dtypes, devices and shapes alone (no device sync);
-    return the problem shape."""
-    shape = _check_packed(q, k, v)
-    _check_index_range({"q": q, "k": k, "v": v})
+    return the problem shape. ``names`` are what errors call q, k, v (views of a packed argument: its slices)."""
+    shape = _check_packed(q, k, v, names)
+    _check_index_range(dict(zip(names, (q, k, v))))
     batch = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, q.device)
     batch_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, q.device)
     if batch_k != batch:

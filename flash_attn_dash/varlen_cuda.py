@@ -1,7 +1,7 @@
 """The CUDA implementation of the varlen ops: interim, one dense kernel call per sequence.
 
 The varlen ops (:mod:`.varlen_ops`) call nothing else on CUDA tensors, so the varlen kernels replace :func:`forward`
-and :func:`backward` here and nothing else changes. Until then, limitations they will remove:
+and :func:`backward_into` here and nothing else changes. Until then, limitations they will remove:
 
 * reading ``cu_seqlens_*``/``seqused_*`` costs one device-to-host copy (a stream sync) per forward and per backward
   (:func:`.varlen_layout.read_layout`), so a varlen call cannot be captured in a CUDA graph;
@@ -34,14 +34,14 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin)
 
 
-def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-             max_seqlen_k: int, seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: float,
-             causal: bool, deterministic: bool, schedule: str,
-             sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``flash_attn_dash::varlen_bwd`` on CUDA tensors."""
+def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                  cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, seqused_q: torch.Tensor | None,
+                  seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool, deterministic: bool,
+                  schedule: str, sm_margin: int) -> None:
+    """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients."""
     _check(q, k, v, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
-    return varlen_per_sequence.backward(dout, q, k, v, out, lse, seqs, softmax_scale, causal, deterministic, schedule,
-                                        sm_margin)
+    varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
+                                      schedule, sm_margin)

@@ -42,6 +42,24 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q
     return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
+def varlen_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: float,
+                         causal: bool, deterministic: bool, schedule: str, sm_margin: int) -> None:
+    """Fill zero-initialised ``dq``/``dk``/``dv`` (shaped like q, k, v; possibly views of one packed buffer) on any
+    device; rows no used query or key covers stay zero."""
+    if q.is_cuda:
+        varlen_cuda.backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule,
+                                  sm_margin)
+        return
+    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
+                       k.shape[0])
+    varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
+                                      schedule, sm_margin)
+
+
 @torch.library.custom_op("flash_attn_dash::varlen_bwd", mutates_args=())
 def varlen_bwd(
     dout: torch.Tensor,
@@ -64,13 +82,10 @@ def varlen_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed backward: (dq, dk, dv) shaped like (q, k, v) in their dtype; zero on rows no used query or key
     covers."""
-    if q.is_cuda:
-        return varlen_cuda.backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule, sm_margin)
-    seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
-                       k.shape[0])
-    return varlen_per_sequence.backward(dout, q, k, v, out, lse, seqs, softmax_scale, causal, deterministic, schedule,
-                                        sm_margin)
+    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    varlen_backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule, sm_margin)
+    return dq, dk, dv
 
 
 @varlen_bwd.register_fake

@@ -32,18 +32,16 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: list[Packed
     return out, lse
 
 
-def backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-             lse: torch.Tensor, seqs: list[PackedSequence], softmax_scale: float, causal: bool, deterministic: bool,
-             schedule: str, sm_margin: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) shaped like (q, k, v); each sequence's backward asks for :func:`.varlen_request`'s order and
-    writes straight into its rows of the packed gradients."""
-    grads = tuple(torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                  lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, seqs: list[PackedSequence],
+                  softmax_scale: float, causal: bool, deterministic: bool, schedule: str, sm_margin: int) -> None:
+    """Write each sequence's gradients into its rows of the zero-filled ``dq``/``dk``/``dv`` (shaped like q, k, v;
+    they may be views of one packed buffer); each sequence's backward asks for :func:`.varlen_request`'s order."""
     request = varlen_request(deterministic, schedule)
     for s in seqs:
         if s.has_work:
             # A row slice of the (heads, total_q) lse is strided; the dense kernels take a contiguous one.
             seq_lse = lse[:, s.q].unsqueeze(0).contiguous()
             ops.backward_into(_rows(dout, s.q), _rows(q, s.q), _rows(k, s.k), _rows(v, s.k), _rows(out, s.q), seq_lse,
-                              *(_rows(g, rows) for g, rows in zip(grads, (s.q, s.k, s.k))), softmax_scale, causal,
-                              deterministic, request, sm_margin)
-    return grads
+                              _rows(dq, s.q), _rows(dk, s.k), _rows(dv, s.k), softmax_scale, causal, deterministic,
+                              request, sm_margin)

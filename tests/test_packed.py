@@ -5,8 +5,11 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import flash_attn_dash.ops as ops
+import flash_attn_dash.varlen_per_sequence as per_sequence
 from flash_attn_dash import (backward_schedule_used, flash_attn_func, flash_attn_kvpacked_func,
-                             flash_attn_qkvpacked_func)
+                             flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                             flash_attn_varlen_qkvpacked_func)
+from varlen_packs import cu_seqlens
 
 
 def _grads(out, leaves, seed=0):
@@ -53,6 +56,61 @@ def test_kvpacked_matches_flash_attn_func(causal):
     torch.testing.assert_close(dkv, torch.stack((rk, rv), dim=2))
 
 
+LENS = [5, 0, 9, 1, 7]  # an empty and a one-token document
+
+
+@pytest.mark.parametrize("num_heads_q", [None, 4])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_qkvpacked_matches_flash_attn_varlen_func(causal, num_heads_q):
+    total, cu = sum(LENS), cu_seqlens(LENS)
+    shape = (total, 3, 4, 16) if num_heads_q is None else (total, num_heads_q + 2 * 2, 16)
+    qkv = torch.randn(shape, dtype=torch.float64, requires_grad=True)
+    out, lse = flash_attn_varlen_qkvpacked_func(qkv, cu, max(LENS), causal=causal, num_heads_q=num_heads_q,
+                                                return_lse=True)
+    (dqkv,) = _grads(out, (qkv,))
+    x = qkv.detach()
+    views = [x[:, i] for i in range(3)] if num_heads_q is None else [x[:, :4], x[:, 4:6], x[:, 6:]]
+    leaves = [t.clone().requires_grad_() for t in views]
+    ref, ref_lse = flash_attn_varlen_func(*leaves, cu, cu, max(LENS), max(LENS), causal=causal, return_lse=True)
+    torch.testing.assert_close(out, ref)
+    torch.testing.assert_close(lse, ref_lse)
+    grads = _grads(ref, leaves)
+    torch.testing.assert_close(dqkv, torch.stack(grads, 1) if num_heads_q is None else torch.cat(grads, 1))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_kvpacked_matches_flash_attn_varlen_func(causal):
+    lens_k = [3, 4, 0, 8, 2]
+    q = torch.randn(sum(LENS), 4, 16, dtype=torch.float64, requires_grad=True)
+    kv = torch.randn(sum(lens_k), 2, 1, 16, dtype=torch.float64, requires_grad=True)
+    args = (cu_seqlens(LENS), cu_seqlens(lens_k), max(LENS), max(lens_k))
+    out = flash_attn_varlen_kvpacked_func(q, kv, *args, causal=causal, softmax_scale=0.2)
+    dq, dkv = _grads(out, (q, kv))
+    leaves = [q.detach().clone().requires_grad_()] + [kv.detach()[:, i].clone().requires_grad_() for i in range(2)]
+    ref = flash_attn_varlen_func(*leaves, *args, causal=causal, softmax_scale=0.2)
+    torch.testing.assert_close(out, ref)
+    rq, rk, rv = _grads(ref, leaves)
+    torch.testing.assert_close(dq, rq)
+    torch.testing.assert_close(dkv, torch.stack((rk, rv), dim=1))
+    assert dkv[cu_seqlens(lens_k)[-1]:].abs().sum() == 0
+
+
+def test_varlen_packed_backward_writes_into_one_buffer(monkeypatch):
+    """The per-sequence backward receives views of the packed gradient buffer, not buffers of its own."""
+    seen = []
+    real = per_sequence.backward_into
+
+    def spy(dout, q, k, v, out, lse, dq, dk, dv, *rest):
+        seen.append((dq._base, dk._base, dv._base))
+        return real(dout, q, k, v, out, lse, dq, dk, dv, *rest)
+
+    monkeypatch.setattr(per_sequence, "backward_into", spy)
+    qkv = torch.randn(sum(LENS), 3, 2, 16, requires_grad=True)
+    flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens(LENS), max(LENS)).sum().backward()
+    (bases,) = seen
+    assert bases[0] is not None and bases[0] is bases[1] is bases[2] and bases[0].shape == qkv.shape
+
+
 @pytest.mark.parametrize(
     "call,error,match",
     [
@@ -76,6 +134,18 @@ def test_kvpacked_matches_flash_attn_func(causal):
          r"q heads \(3\) must be a multiple of kv\[:, :, 0\]/kv\[:, :, 1\] heads \(2\)"),
         (lambda: flash_attn_kvpacked_func(torch.randn(1, 4, 2, 8), torch.randn(1, 4, 2, 2, 8), schedule="fast"),
          ValueError, "schedule"),
+        (lambda: flash_attn_varlen_qkvpacked_func(torch.randn(4, 2, 2, 8), cu_seqlens([4]), 4), ValueError,
+         r"qkv must be \(total, 3, heads, head_dim\)"),
+        (lambda: flash_attn_varlen_qkvpacked_func(torch.randn(4, 3, 2, 8), cu_seqlens([3]), 4), ValueError,
+         r"cu_seqlens_q\[-1\] must equal"),
+        (lambda: flash_attn_varlen_qkvpacked_func(torch.randn(4, 3, 2, 8), cu_seqlens([4]).long(), 4), TypeError,
+         "cu_seqlens_q.dtype must be torch.int32"),
+        (lambda: flash_attn_varlen_kvpacked_func(torch.randn(4, 2, 8), torch.randn(4, 2, 2, 8, dtype=torch.float64),
+                                                 cu_seqlens([4]), cu_seqlens([4]), 4, 4), TypeError,
+         r"kv\[:, 0\].dtype must equal q.dtype"),
+        (lambda: flash_attn_varlen_kvpacked_func(torch.randn(4, 2, 8), torch.randn(1, 4, 2, 2, 8),
+                                                 cu_seqlens([4]), cu_seqlens([4]), 4, 4), ValueError,
+         r"kv must be \(total_k, 2, heads_k, head_dim\)"),
     ],
 )
 def test_packed_bad_input_names_the_argument(call, error, match):
@@ -102,6 +172,14 @@ def test_packed_fake_shapes_and_opcheck():
     out, lse = torch.ops.flash_attn_dash.fwd(q, kv[:, :, 0], kv[:, :, 1], 0.25, False, 0)
     torch.library.opcheck(torch.ops.flash_attn_dash.bwd_kvpacked.default,
                           (dout, q.contiguous(), kv, out, lse, 0.25, False, False, "auto", 0))
+    cu = cu_seqlens([2, 4])
+    qkv = torch.randn(6, 3, 2, 16)
+    out, lse = torch.ops.flash_attn_dash.varlen_fwd(*qkv.unbind(1), cu, cu, 4, 4, None, None, 0.25, True, 0)
+    torch.library.opcheck(torch.ops.flash_attn_dash.varlen_bwd_qkvpacked.default,
+                          (out, qkv, out, lse, cu, 4, None, 0.25, True, True, "auto", 0))
+    torch.library.opcheck(torch.ops.flash_attn_dash.varlen_bwd_kvpacked.default,
+                          (out, qkv[:, 0].contiguous(), qkv[:, 1:].contiguous(), out, lse, cu, cu, 4, 4, 0.25, True,
+                           False, "auto", 0))
 
 
 def test_packed_torch_compile_fullgraph():
@@ -109,10 +187,14 @@ def test_packed_torch_compile_fullgraph():
     qkv = torch.randn(2, 10, 3, 2, 16, requires_grad=True)
     q = torch.randn(2, 10, 2, 16, requires_grad=True)
 
+    cu = cu_seqlens([3, 0, 7])
+
     def step(qkv, q):
         a = flash_attn_qkvpacked_func(qkv, causal=True, deterministic=True)
         b = flash_attn_kvpacked_func(q, qkv[:, :, 1:], deterministic=False)
-        return (a * b).sum()
+        c = flash_attn_varlen_qkvpacked_func(qkv[0], cu, 7, causal=True)
+        d = flash_attn_varlen_kvpacked_func(q[1], qkv[1, :, 1:], cu, cu, 7, 7)
+        return (a * b).sum() + (c * d).sum()
 
     compiled = torch.compile(step, fullgraph=True, backend="aot_eager")
     grads = torch.autograd.grad(compiled(qkv, q), (qkv, q))

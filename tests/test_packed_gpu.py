@@ -71,3 +71,28 @@ def test_deterministic_none_under_torch_switch_is_bitwise_repeatable():
             assert torch.equal(g, first)
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_packed_bits_equal_varlen(causal):
+    from flash_attn_dash import (flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
+                                 flash_attn_varlen_qkvpacked_func)
+    from varlen_packs import cu_seqlens
+
+    lens = [700, 0, 1, 1300, 64]
+    cu, total, longest = cu_seqlens(lens, "cuda"), sum(lens), max(lens)
+    qkv = torch.randn(total, 3, 4, 128, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+    dout = _dout((total, 4, 128), 5)
+    out = flash_attn_varlen_qkvpacked_func(qkv, cu, longest, causal=causal, deterministic=True)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    leaves = [qkv.detach()[:, i].contiguous().requires_grad_() for i in range(3)]
+    ref = flash_attn_varlen_func(*leaves, cu, cu, longest, longest, causal=causal, deterministic=True)
+    grads = torch.autograd.grad(ref, leaves, dout)
+    assert torch.equal(out, ref)
+    assert torch.equal(dqkv, torch.stack(grads, dim=1))
+    q = qkv.detach()[:, 0].clone().requires_grad_()
+    kv = qkv.detach()[:, 1:].clone().requires_grad_()
+    out_kv = flash_attn_varlen_kvpacked_func(q, kv, cu, cu, longest, longest, causal=causal, deterministic=True)
+    dq, dkv = torch.autograd.grad(out_kv, (q, kv), dout)
+    assert torch.equal(out_kv, ref)
+    assert torch.equal(dq, grads[0]) and torch.equal(dkv, torch.stack(grads[1:], dim=1))

@@ -70,3 +70,17 @@ def test_torch_compile_fullgraph_forward_and_backward(causal):
         torch.testing.assert_close(loss, want, atol=0, rtol=0)
         for g, w in zip(grads, want_grads):
             torch.testing.assert_close(g, w, atol=0, rtol=0)
+
+
+def test_compile_with_one_offsets_tensor_for_q_and_k():
+    """Self-attention packs pass the same cu_seqlens for q and k; torch.compile must still trace the call."""
+    torch._dynamo.reset()
+    q, k, v = (torch.randn(10, 2, 16, requires_grad=True) for _ in range(3))
+    cu = torch.tensor([0, 3, 3, 10], dtype=torch.int32)
+
+    def step(q, k, v):
+        return flash_attn_varlen_func(q, k, v, cu, cu, 7, 7, causal=True).square().sum()
+
+    grads = torch.autograd.grad(torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v), (q, k, v))
+    for g, r in zip(grads, torch.autograd.grad(step(q, k, v), (q, k, v))):
+        torch.testing.assert_close(g, r)

@@ -193,7 +193,7 @@ def test_value_errors_come_before_compute(monkeypatch):
         raise AssertionError("compute ran before validation")
 
     monkeypatch.setattr(per_sequence, "forward", boom)
-    monkeypatch.setattr(per_sequence, "backward", boom)
+    monkeypatch.setattr(per_sequence, "backward_into", boom)
     with pytest.raises(ValueError, match=r"cu_seqlens_q\[0\] must be 0"):
         call(cu_seqlens_q=torch.tensor([2, 3, 7, 9], dtype=I32))
     pack = make_pack([3, 4, 2], [5, 4, 1])
