@@ -537,15 +537,22 @@ def test_ragged_matches_flash_attn_varlen_func(causal, heads_k):
                                                            scale=0.1))
 
 
-def test_ragged_outputs_are_laid_out_like_query():
-    """Our varlen ops return contiguous tensors; a query with other (dense) strides gets them copied into its own."""
+def test_ragged_outputs_are_laid_out_like_the_inputs():
+    """Our varlen forward op returns contiguous tensors; inputs with other (dense) strides get outputs and gradients
+    laid out like them, as torch's meta kernels lay them out."""
     pack, cu_q, cu_k, max_q, max_k = ragged()
-    q = pack.q.detach().transpose(0, 1).contiguous().transpose(0, 1)  # (total, heads, d) of (heads, total, d) memory
-    out = tf.flash_attention_forward(q, pack.k.detach(), pack.v.detach(), cu_q, cu_k, max_q, max_k, 0.0, False,
-                                     False)[0]
+    q, k, v = (t.detach().transpose(0, 1).contiguous().transpose(0, 1)  # (total, heads, d) of (heads, total, d)
+               for t in (pack.q, pack.k, pack.v))
+    out, lse, rng_state, unused, _ = tf.flash_attention_forward(q, k, v, cu_q, cu_k, max_q, max_k, 0.0, False, False)
     assert out.stride() == q.stride()
-    torch.testing.assert_close(out, flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k),
-                               atol=1e-12, rtol=1e-12)
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    grads = tf.flash_attention_backward(dout, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, 0.0, False, rng_state,
+                                        unused)
+    ref = flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k)
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    for g, e, t in zip(grads, torch.autograd.grad(ref, (pack.q, pack.k, pack.v), dout), (q, k, v)):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+        assert g.stride() == t.stride()
 
 
 @pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0)], ids=["full", "causal"])

@@ -272,8 +272,8 @@ def _finish(result: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
 
 
 def _returned_like(t: torch.Tensor, like: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
-    """A result of our varlen ops (which allocate their own) as the aten op returns it: copied into ``out`` if given,
-    else itself where it is laid out as torch's meta kernels lay it out (empty_like), else a copy that is."""
+    """A result of our varlen forward op (which allocates its own) as the aten op returns it: copied into ``out`` if
+    given, else itself where it is laid out as torch's meta kernels lay it out (empty_like), else a copy that is."""
     if out is not None:
         return out.copy_(t)
     if t.stride() == torch.empty_like(like, device="meta").stride():
@@ -527,12 +527,14 @@ def flash_attention_backward(
         shape = _check_ragged(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None)
         _check_lse(logsumexp, (shape.heads, shape.total_q))
         scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
+        grads = [_output(t) for t in (query, key, value)]
+        for _, target in grads:
+            target.zero_()  # rows no used query or key covers keep zero gradients
         with _aten_argument_names():
-            grads = torch.ops.flash_attn_dash.varlen_bwd(dout, q, k, v, o, logsumexp.contiguous(), cum_seq_q,
-                                                         cum_seq_k, max_q, max_k, None, None, scale, causal,
-                                                         checks.resolve_deterministic(None), get_schedule(causal),
-                                                         sm_margin)
-        return tuple(_returned_like(g, t) for g, t in zip(grads, (query, key, value)))
+            varlen_ops.varlen_backward_into(dout, q, k, v, o, logsumexp.contiguous(), *(t for _, t in grads),
+                                            cum_seq_q, cum_seq_k, max_q, max_k, None, None, scale, causal,
+                                            checks.resolve_deterministic(None), get_schedule(causal), sm_margin)
+        return tuple(_finish(*g) for g in grads)
     grads = [_output(t) for t in (query, key, value)]
     _dense_backward(dout, q, k, v, o, logsumexp, *(target for _, target in grads), scale, causal)
     return tuple(_finish(*g) for g in grads)
