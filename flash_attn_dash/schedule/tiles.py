@@ -24,11 +24,37 @@ import numpy as np
 from .. import variants
 
 MASKS = variants.MASKS
+UNBOUNDED = -1
 
 
 def _check_mask(mask: str) -> None:
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+
+
+def check_window_size(window_size) -> tuple[int, int]:
+    """``window_size`` as a ``(left, right)`` pair of ints, each -1 (unbounded) or >= 0; ValueError otherwise."""
+    ok = isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
+        isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= UNBOUNDED for x in window_size)
+    if not ok:
+        raise ValueError(f"window_size must be a pair (left, right) of ints >= -1 (-1 = unbounded), got "
+                         f"{window_size!r}")
+    return int(window_size[0]), int(window_size[1])
+
+
+def canonical_window(causal: bool, window_size, seqlen_q: int, seqlen_k: int) -> tuple[int, int]:
+    """The one spelling of a mask, FlashAttention-3's rule: a side that clips no (row, key) of the shape is unbounded
+    (``left >= seqlen_k - 1``, ``right >= seqlen_q - 1``), then ``causal`` sets ``right = 0``.  The result is ``(-1,
+    -1)`` for the full mask, ``(-1, 0)`` for the causal one and a band otherwise.  The keys each row sees do not
+    change, so every window spelling of the full or causal mask plans (and later launches) as that mask."""
+    left, right = check_window_size(window_size)
+    if left >= seqlen_k - 1:
+        left = UNBOUNDED
+    if right >= seqlen_q - 1:
+        right = UNBOUNDED
+    if causal:
+        right = 0
+    return left, right
 
 
 def bwd_tile_shape(head_dim: int, causal: bool) -> tuple[int, int]:
