@@ -144,33 +144,37 @@ def rule_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str
     return "shift" if -(-seqlen_k // block_n) <= -(-seqlen_q // block_m) else "ascending"
 
 
-def _grid(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> TileGrid:
+def _mask(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> tuple[str, bool]:
+    """The canonical mask of ``mask`` with ``window`` and whether the window is a band."""
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
-    return TileGrid(mask, seqlen_q, seqlen_k, *bwd_tile_shape(head_dim, mask == "causal"), window)
+    if window == (-1, -1):  # the launch decider's path (no window yet): no grid to build
+        return mask, False
+    grid = TileGrid(mask, seqlen_q, seqlen_k, *bwd_tile_shape(head_dim, mask == "causal"), window)
+    return grid.mask, grid.banded
 
 
 def auto_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int] = (-1, -1)) -> str:
     """The order ``auto`` requests for a deterministic backward of this shape (before the shape's fallbacks);
     ``window`` is FlashAttention's ``window_size``."""
-    grid = _grid(mask, head_dim, seqlen_q, seqlen_k, window)
-    if grid.banded:
+    mask, banded = _mask(mask, head_dim, seqlen_q, seqlen_k, window)
+    if banded:
         return BAND_SCHEDULE
-    pref = _measured(grid.mask, head_dim, seqlen_q, seqlen_k)
-    return pref.schedule if pref is not None else rule_schedule(grid.mask, head_dim, seqlen_q, seqlen_k)
+    pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
+    return pref.schedule if pref is not None else rule_schedule(mask, head_dim, seqlen_q, seqlen_k)
 
 
 def auto_reason(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int] = (-1, -1)) -> str:
     """Why :func:`auto_schedule` requests its order, in one line (for the planner and ``backward_schedule_used``)."""
-    grid = _grid(mask, head_dim, seqlen_q, seqlen_k, window)
-    if grid.banded:
+    mask, banded = _mask(mask, head_dim, seqlen_q, seqlen_k, window)
+    if banded:
         return (f"{BAND_SCHEDULE}: the rule for bands, picked by simulation (nothing measured on a GPU yet; the "
                 f"model's best or within {TIE_TOLERANCE:.0%} of it)")
-    pref = _measured(grid.mask, head_dim, seqlen_q, seqlen_k)
+    pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
     if pref is not None:
-        return f"{pref.schedule}: measured fastest for {grid.mask} hdim {head_dim} ({pref.source})"
-    return (f"{rule_schedule(grid.mask, head_dim, seqlen_q, seqlen_k)}: the model-backed rule for {grid.mask} masks "
-            f"where nothing was measured (the model's best or within {TIE_TOLERANCE:.0%} of it)")
+        return f"{pref.schedule}: measured fastest for {mask} hdim {head_dim} ({pref.source})"
+    return (f"{rule_schedule(mask, head_dim, seqlen_q, seqlen_k)}: the model-backed rule for {mask} masks where "
+            f"nothing was measured (the model's best or within {TIE_TOLERANCE:.0%} of it)")
 
 
 def model_choice(predictions: list[Prediction]) -> Prediction:

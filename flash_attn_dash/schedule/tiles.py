@@ -37,11 +37,14 @@ def _check_mask(mask: str) -> None:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
 
 
+def _window_side(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= UNBOUNDED
+
+
 def check_window_size(window_size) -> tuple[int, int]:
     """``window_size`` as a ``(left, right)`` pair of ints, each -1 (unbounded) or >= 0; ValueError otherwise."""
-    ok = isinstance(window_size, (tuple, list)) and len(window_size) == 2 and all(
-        isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= UNBOUNDED for x in window_size)
-    if not ok:
+    if not (isinstance(window_size, (tuple, list)) and len(window_size) == 2 and _window_side(window_size[0])
+            and _window_side(window_size[1])):
         raise ValueError(f"window_size must be a pair (left, right) of ints >= -1 (-1 = unbounded), got "
                          f"{window_size!r}")
     return int(window_size[0]), int(window_size[1])
