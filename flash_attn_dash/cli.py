@@ -1,7 +1,8 @@
 """Command line: ``flash-attn-dash plan`` predicts the backward schedules of one shape with the schedule model;
 ``cad-plan`` plans a core-attention-disaggregation batch (:mod:`flash_attn_dash.cad.cli`); ``info`` shows the build.
 
-Example: ``flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png``.  Defaults follow the DASH benchmark
+Example: ``flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png``; a sliding window:
+``flash-attn-dash plan --seqlen 8192 --hdim 64 --causal --window 128,-1``.  Defaults follow the DASH benchmark
 grid: 16k tokens per batch (``batch = 16384 // seqlen``) and hidden size 2048 (``heads = 2048 // hdim``).
 """
 
@@ -18,10 +19,10 @@ from typing import NoReturn
 from . import __version__, variants
 from .cad import cli as cad_cli
 from .launch import bwd_launch
-from .schedule.auto import Prediction, auto_reason, model_choice, predict
+from .schedule.auto import Prediction, auto_reason, auto_schedule, model_choice, predict
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
-from .schedule.tiles import bwd_tile_shape
+from .schedule.tiles import TileGrid, bwd_tile_shape, check_window_size
 
 _HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
 
@@ -53,6 +54,15 @@ def _cost(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise argparse.ArgumentTypeError(f"expected a finite number >= 0, got {text!r}")
     return value
+
+
+def _window(text: str) -> tuple[int, int]:
+    """argparse type: ``LEFT,RIGHT``, each -1 (unbounded) or a non-negative int."""
+    try:
+        return check_window_size(tuple(int(x) for x in text.split(",")))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LEFT,RIGHT with each side -1 (unbounded) or >= 0, got "
+                                         f"{text!r}") from None
 
 
 def _png_problem(path: str) -> str | None:
@@ -93,6 +103,10 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--seqlen-k", type=_positive_int, help="key sequence length (default: --seqlen)")
     plan.add_argument("--hdim", type=int, required=True, choices=_HEAD_DIMS, help="head dimension")
     plan.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned); default full")
+    plan.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
+                      help="sliding window (FlashAttention's window_size; -1 = unbounded, --causal sets RIGHT=0): "
+                           "query i sees keys i + sk - sq - LEFT .. i + sk - sq + RIGHT; write --window=-1,R "
+                           "when LEFT is -1")
     plan.add_argument("--batch", type=_positive_int, help="batch size (default: max(1, 16384 // seqlen))")
     plan.add_argument("--heads", type=_positive_int, help="query heads (default: 2048 // hdim)")
     plan.add_argument("--sms", type=_positive_int, default=132, help="SM count (default 132)")
@@ -142,7 +156,8 @@ def _progress(label: str):
     return report
 
 
-def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str, header: list[str], unit: str) -> str:
+def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str | None, header: list[str],
+           unit: str) -> str:
     base = next(p for p in predictions if p.schedule == "ascending").makespan
     lines = header + [f"{'schedule':<16} {'runs as':<16} {'makespan ' + unit:>16} {'idle':>7} {'waits':>7} "
                       f"{'speedup':>8}"]
@@ -151,7 +166,7 @@ def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str, h
         lines.append(f"{p.schedule:<16} {p.schedule_used:<16} {p.makespan / (1e3 if unit == 'us' else 1):>16.1f} "
                      f"{p.bubble_fraction:>7.1%} {p.wait_fraction:>7.1%} {base / p.makespan:>7.3f}x{mark}")
     lines.append(f"auto -> {reason}")
-    lines.append(f"non-deterministic backward walks: {nondet}")
+    lines.append(f"non-deterministic backward walks: {nondet or 'no banded kernel yet'}")
     lines += [f"  {p.schedule}: {p.description}" for p in predictions]
     return "\n".join(lines)
 
@@ -164,31 +179,40 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error("argument --c: the compute cost must be > 0")
     if args.png and (problem := _png_problem(args.png)):
         _png_error(parser, problem)
-    mask = "causal" if args.causal else "full"
     seqlen_k = args.seqlen_k or args.seqlen
     batch = args.batch or max(1, 16384 // args.seqlen)
     heads = args.heads or 2048 // args.hdim
     grid = args.sms - args.sm_margin
     block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    # The window in its canonical form: (-1, 0) is the causal mask, a side that clips nothing is unbounded.
+    tiles = TileGrid("causal" if args.causal else "full", args.seqlen, seqlen_k, block_m, block_n, args.window)
+    mask, causal = tiles.mask, tiles.mask == "causal"
     c, r = default_costs(args.hdim, block_m, block_n)
     default = args.c is None and args.r is None
     c = c if args.c is None else args.c
     r = r if args.r is None else args.r
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
-                          progress=_progress(f"{mask} seqlen {args.seqlen}"))
-    # What the kernels run (flash_attn_dash.launch decides it), beside what the model alone would pick.
-    det = bwd_launch(args.causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto")
-    pick = det.requested
-    reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k)
-    if det.fallback:
-        reason += f"; runs {det.schedule} here ({det.fallback})"
+                          progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window)
+    reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
+    if tiles.banded:  # no banded kernel yet, so no launch to report: auto's rule and what the model runs for it
+        pick = auto_schedule(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
+        runs = next(p for p in predictions if p.schedule == pick)
+        if not runs.valid:
+            reason += f"; runs {runs.schedule_used} here ({runs.fallback})"
+        nondet = None
+    else:  # what the kernels run (flash_attn_dash.launch decides it)
+        det = bwd_launch(causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto")
+        pick = det.requested
+        if det.fallback:
+            reason += f"; runs {det.schedule} here ({det.fallback})"
+        nondet = bwd_launch(causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False).schedule
     reason += f"; the model alone picks {model_choice(predictions).schedule}"
-    nondet = bwd_launch(args.causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False).schedule
     base = next(p for p in predictions if p.schedule == "ascending").makespan
-    num_m, num_n = -(-args.seqlen // block_m), -(-seqlen_k // block_n)
+    num_m, num_n = tiles.num_m, tiles.num_n
     if args.json:
         print(json.dumps({
-            "mask": mask, "seqlen_q": args.seqlen, "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch,
+            "mask": mask, "window": list(tiles.window), "banded": tiles.banded,
+            "seqlen_q": args.seqlen, "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch,
             "heads": heads, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n, "sms": args.sms,
             "sm_margin": args.sm_margin, "grid": grid, "c": c, "r": r, "unit": "ns" if default else "cost units",
             "auto": {"schedule": pick, "reason": reason}, "non_deterministic_walk": nondet,
@@ -200,8 +224,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         }, indent=2))
     else:
         unit = "us" if default else "units"
-        header = [f"plan: {mask}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
-                  f"heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "
+        header = [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
+                  f"batch={batch} heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "
                   f"grid {grid} = {args.sms} SMs - margin {args.sm_margin}",
                   f"per step: compute c={c:g}, reduce r={r:g} {'ns ' if default else ''}(r/c={r / c:.3f}); "
                   f"idle = waits + CTAs done early, over grid x makespan"]
@@ -213,7 +237,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   + f": makespan {p.makespan / scale:.5g} {short}, {base / p.makespan:.3f}x vs ascending, "
                   + f"idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
                   + ("  [auto]" if p.schedule == pick else "") for p in predictions]
-        heading = (f"{mask} mask, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, "
+        shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
+        heading = (f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, "
                    f"heads {heads}, grid {grid} ({args.sms} SMs - margin {args.sm_margin}); schedule model, "
                    f"c={c:g} r={r:g}{' ns' if default else ''} per step")
         try:

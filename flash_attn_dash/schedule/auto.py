@@ -1,10 +1,11 @@
 """``auto``: the schedule a deterministic backward takes, decided in O(1) from committed measurements and rules.
 
-:func:`auto_schedule` is what runs (through :func:`flash_attn_dash.launch.bwd_launch`): a matching entry of
-``MEASURED_PREFERENCES`` (the order measured fastest on the H200 for that mask, head dim and length, on shapes with
-equal query and key lengths), else :func:`rule_schedule`, a closed form of the model's pick (the model's best or within
-``TIE_TOLERANCE`` of it at every shape ``tests/test_schedule_auto.py`` samples).  The preferred order may not fit a
-shape (symmetric_shift needs seqlen_q == seqlen_k and an even K/V tile count); then its fallback runs.
+:func:`auto_schedule` is what runs (through :func:`flash_attn_dash.launch.bwd_launch`): on a sliding-window band,
+:data:`BAND_SCHEDULE`; otherwise a matching entry of ``MEASURED_PREFERENCES`` (the order measured fastest on the H200
+for that mask, head dim and length, on shapes with equal query and key lengths), else :func:`rule_schedule`, a closed
+form of the model's pick (the model's best or within ``TIE_TOLERANCE`` of it at every shape
+``tests/test_schedule_auto.py`` samples).  The preferred order may not fit a shape (symmetric_shift needs seqlen_q ==
+seqlen_k and an even K/V tile count); then its fallback runs.
 
 :func:`predict` simulates every order for the planner (``flash-attn-dash plan``); :func:`model_choice` is the pick the
 model alone would make, which the tests compare with the rule.
@@ -18,7 +19,7 @@ from .costs import default_costs
 from .orders import SCHEDULES, applicable
 from .plan import build_plan
 from .simulate import Progress, Timeline, simulate
-from .tiles import MASKS, bwd_tile_shape
+from .tiles import MASKS, TileGrid, bwd_tile_shape
 
 TIE_TOLERANCE = 0.01
 
@@ -66,6 +67,16 @@ MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
 )
 
 
+BAND_SCHEDULE = "descending"
+"""What ``auto`` requests on a band (a window that removes tiles, ``TileGrid.banded``), picked by simulation: no band
+has been measured on a GPU yet.  Descending starts every tile on its own top row, so it waits only where the band's
+tail shares the last Q tile, and it claims a head's longest tiles first; it is the model's best or within
+``TIE_TOLERANCE`` of it on every model-shaped band ``tests/test_schedule_bands.py`` samples.  ``shift`` on a band
+never waits but claims the longest tiles last (up to 11% slower in the model on windows of thousands of keys, tied on
+narrow ones), ``symmetric_shift`` falls back to descending and ``ascending`` queues (29x slower at 32k, window 128).
+``docs/features.md`` has the numbers."""
+
+
 @dataclass(frozen=True)
 class Prediction:
     """Model prediction for one requested schedule."""
@@ -86,21 +97,25 @@ class Prediction:
 
 
 def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-            c: float | None = None, r: float | None = None, progress: Progress | None = None) -> list[Prediction]:
-    """Simulate every schedule applicable to ``mask`` (in ``SCHEDULES`` order); default costs from :mod:`.costs`.
+            c: float | None = None, r: float | None = None, progress: Progress | None = None,
+            window: tuple[int, int] = (-1, -1)) -> list[Prediction]:
+    """Simulate every schedule applicable to ``mask`` with ``window`` (every schedule on a band; in ``SCHEDULES``
+    order); default costs from :mod:`.costs`.
 
     ``progress`` receives the overall finished fraction across all schedules.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     block_m, block_n = bwd_tile_shape(head_dim, mask == "causal")
+    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     default_c, default_r = default_costs(head_dim, block_m, block_n)
     c = default_c if c is None else c
     r = default_r if r is None else r
-    schedules = [s for s in SCHEDULES if applicable(s, mask)]
+    schedules = [s for s in SCHEDULES if applicable(s, grid.mask, grid.banded)]
     out = []
     for index, schedule in enumerate(schedules):
-        plan = build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms, schedule, costs=(c, r))
+        plan = build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms, schedule, costs=(c, r),
+                          window=window)
         overall = None if progress is None else lambda f, i=index: progress((i + f) / len(schedules))
         timeline = simulate(plan, c, r, overall)
         out.append(Prediction(schedule, plan.schedule_used, plan.description, plan.fallback, float(timeline.makespan),
@@ -129,16 +144,32 @@ def rule_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str
     return "shift" if -(-seqlen_k // block_n) <= -(-seqlen_q // block_m) else "ascending"
 
 
-def auto_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str:
-    """The order ``auto`` requests for a deterministic backward of this shape (before the shape's fallbacks)."""
+def _mask(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> tuple[str, bool]:
+    """The canonical mask of ``mask`` with ``window`` and whether the window is a band."""
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    if window == (-1, -1):  # the launch decider's path (no window yet): no grid to build
+        return mask, False
+    grid = TileGrid(mask, seqlen_q, seqlen_k, *bwd_tile_shape(head_dim, mask == "causal"), window)
+    return grid.mask, grid.banded
+
+
+def auto_schedule(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int] = (-1, -1)) -> str:
+    """The order ``auto`` requests for a deterministic backward of this shape (before the shape's fallbacks);
+    ``window`` is FlashAttention's ``window_size``."""
+    mask, banded = _mask(mask, head_dim, seqlen_q, seqlen_k, window)
+    if banded:
+        return BAND_SCHEDULE
     pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
     return pref.schedule if pref is not None else rule_schedule(mask, head_dim, seqlen_q, seqlen_k)
 
 
-def auto_reason(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> str:
+def auto_reason(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, window: tuple[int, int] = (-1, -1)) -> str:
     """Why :func:`auto_schedule` requests its order, in one line (for the planner and ``backward_schedule_used``)."""
+    mask, banded = _mask(mask, head_dim, seqlen_q, seqlen_k, window)
+    if banded:
+        return (f"{BAND_SCHEDULE}: the rule for bands, picked by simulation (nothing measured on a GPU yet; the "
+                f"model's best or within {TIE_TOLERANCE:.0%} of it)")
     pref = _measured(mask, head_dim, seqlen_q, seqlen_k)
     if pref is not None:
         return f"{pref.schedule}: measured fastest for {mask} hdim {head_dim} ({pref.source})"

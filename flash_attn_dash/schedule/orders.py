@@ -1,4 +1,5 @@
-"""The four dQ accumulation orders: which CTA runs which K/V tile, the order of its Q tiles, and each step's rank.
+"""The four dQ accumulation orders: which CTA runs which K/V tile, the order of its Q tiles, and each step's rank, on
+the full and causal masks and on sliding-window bands.
 
 Every formula here is written so that a CUDA kernel can evaluate it per tile from ``(t or chunk, G, B, H, M, N)`` alone;
 the kernels mirror this file.  Notation: ``q = b * H + h`` is the linear (batch, head) index, ``G`` the persistent grid
@@ -9,7 +10,7 @@ Linear tiles
 Static persistent grid (``shift``)
     CTA ``g`` runs ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are
     co-resident, so the tiles of one round really run concurrently.
-Dynamic persistent grid (``ascending``, ``descending``)
+Dynamic persistent grid (``ascending``, ``descending``, ``shift`` on a band)
     Tiles are claimed in the order ``p = 0, 1, ...``: n-major within groups of ``Hg`` heads (:func:`claim_group`),
     i.e. group ``p // (Hg N)``, then ``n``, then the head within the group.  CTA ``g`` starts with claim ``p = g``;
     every later claim goes to whichever CTA frees up first (the kernel's producer warp takes it from a global counter
@@ -21,22 +22,45 @@ Dynamic persistent grid (``ascending``, ``descending``)
     ``p`` itself (tiles are claimed one at a time), which :meth:`Plan.check`'s round rule then turns into exactly that
     condition.
 
+Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone visits)
+    Every order is defined on a band.  Tile n visits its Q tiles ``[m_min(n), m_end(n))`` and dQ tile m receives from
+    ``[n_min(m), n_end(m))`` (:mod:`.tiles`), so ranks count visible contributions only; in ascending n the rank is
+    ``n - n_min(m)``, which is ``n`` for the full and causal masks.  Tiles no query sees have no steps but still run
+    (their dK/dV are zero).
+
 ``ascending``
-    m from ``m_min(n)`` up to ``M - 1``; ``rank = n``.  (In general the rank is the number of tiles ``n' < n`` that
-    touch m; because ``m_min`` is non-decreasing, every ``n' < n`` touches a row that n touches, so this is ``n``.)
+    m from ``m_min(n)`` up to ``m_end(n) - 1``; ``rank = n - n_min(m)``.  (The rank is the number of tiles ``n' < n``
+    that touch m; the ``n'`` touching m are contiguous.)  On a band this is the queue FlashAttention-3's
+    deterministic sliding window is known for: tile n starts on row ``m_min(n)``, which tile n - 1 reaches only
+    ``m_min(n) - m_min(n-1)`` steps later, and every tile of the head inherits the delay.
 ``descending``
-    m from ``M - 1`` down to ``m_min(n)``; ``rank = n``.
-``shift`` (full mask only)
+    m from ``m_end(n) - 1`` down to ``m_min(n)``; ``rank = n - n_min(m)``.  On a band tile n starts on its own top row,
+    which tile n - 1 does not reach, and reaches every row after tile n - 1: nothing waits except where tiles share
+    their top row (the last Q tile clamps the band's tail, all those tiles start there and queue once).
+``shift`` on a band (dynamic grid)
+    The band's diagonal staggers the tiles by itself, so the order needs no rounds: walking up from ``m_min(n)`` tile
+    n reaches row m at step ``m - m_min(n)`` (larger n first), walking down at ``m_end(n) - 1 - m`` (smaller n first);
+    ranking the tiles in that order lets nothing wait in lock-step except tiles that start on the same row.  ``shift``
+    walks up, with a head's tiles claimed and ranked in descending n (``rank = n_end(m) - 1 - n``), when fewer of its
+    tiles tie at the lower edge than at the upper one (:func:`band_walks_up`; a causal band with ``seqlen_q <=
+    seqlen_k`` has no ties there), and is ``descending`` otherwise.  Deadlock freedom is the dynamic grid's argument
+    with n mirrored: the rank predecessor ``(n+1, m)`` is claimed earlier.  The ranks follow from the tile alone, so
+    the bits do not depend on the grid; on the static grid the band's unequal tiles (clamped ends, empty tiles) left
+    10-40% of the SM time idle in the model, on the dynamic one the price of the up walk is its claim order, which
+    leaves a head's longest tiles for last.
+``shift`` (full mask)
     Per head and round: ``R`` = number of the head's tiles in round j, ``F = max(0, j*G - q*N)`` = its tiles in earlier
     rounds, slot ``k = n - F`` in ``[0, R)``.  If ``R <= M``: the tile visits ``m_i = (k + i) mod M`` for ``i = 0..M-1``
     and ``rank = F + ((min(m, R-1) - k) mod R)``; in a lock-step round the R slots then write R distinct rows and every
     rank predecessor ran one step earlier, so nothing waits.  **Fallback** if ``R > M`` (more tiles of the head in
     flight than Q tiles): that (head, round) group is ordered exactly like ``descending`` (``m = M-1-i``,
     ``rank = F + k = n``).  Earlier rounds always rank first, so groups with different rules compose without deadlock.
-``symmetric_shift`` (causal only)
+``symmetric_shift`` (causal)
     Assumptions: ``seqlen_q == seqlen_k``, ``block_n % block_m == 0`` (``s = block_n / block_m``) and N even.  ``M`` may
-    be smaller than ``N * s`` (a partial last K/V tile).  **Fallback** when an assumption fails: the whole call uses
-    ``descending`` (``Plan.schedule_used`` says so).
+    be smaller than ``N * s`` (a partial last K/V tile).  Pairs ``(n, N-1-n)`` then have complementary tile counts,
+    ``2M - (N-1)s`` steps per pair.  Only the causal triangle's tiles have them (the middle of a band has equal
+    counts), and under the other assumptions every band differs from the triangle, so on a band it falls back.
+    **Fallback** when an assumption fails: the whole call uses ``descending`` (``Plan.schedule_used`` says so).
 
     Pair grid: ``P = N / 2`` pairs per head, chunk ``c = q * P + p`` pairs tiles ``p`` (long) and ``N - 1 - p`` (short).
     ``G = min(num_sms, B * H * P)``; CTA ``g`` runs chunks ``g, g + G, ...``, each chunk its long tile then its short
@@ -68,9 +92,10 @@ from .tiles import TileGrid
 SCHEDULES = variants.SCHEDULE_NAMES
 
 
-def applicable(schedule: str, mask: str) -> bool:
-    """Whether ``schedule`` may be requested for ``mask`` (the masks of its entry in ``variants.SCHEDULES``)."""
-    return mask in variants.schedule(schedule).masks
+def applicable(schedule: str, mask: str, banded: bool = False) -> bool:
+    """Whether ``schedule`` may be requested for ``mask`` (the masks of its entry in ``variants.SCHEDULES``); every
+    schedule is defined on a band (``banded``)."""
+    return banded or mask in variants.schedule(schedule).masks
 
 
 @dataclass(frozen=True)
@@ -159,8 +184,10 @@ def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, 
     return cta
 
 
-def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
-             costs: tuple[float, float], claim_heads: int | None) -> Orders:
+def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
+             claim_heads: int | None, walk_up: bool, claim_down: bool = False) -> Orders:
+    """A walk over the dynamic grid: every tile's Q tiles from ``m_min`` up (``walk_up``) or from ``m_end - 1`` down;
+    a head's tiles claimed in ascending n, or in descending n (``claim_down``), and ranked in that order."""
     num_m, num_n = grid.num_m, grid.num_n
     bh = batch * heads
     t = np.arange(bh * num_n, dtype=np.int64)  # claim order p
@@ -172,23 +199,39 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     in_group = t - group * group_heads * num_n
     n = in_group // size
     q = first + in_group - n * size
-    m_min = grid.m_min()[n]
-    lengths = num_m - m_min
+    if claim_down:
+        n = num_n - 1 - n
+    m_min, m_end = grid.m_min()[n], grid.m_end()[n]
+    lengths = m_end - m_min
     tile, i = _expand(lengths)
-    step_m = m_min[tile] + i if schedule == "ascending" else num_m - 1 - i
+    step_m = m_min[tile] + i if walk_up else m_end[tile] - 1 - i
     step_n = n[tile]
-    # Rank = n: the predecessor of (q, n, m) is (q, n - 1, m), claimed earlier.
+    # Ranks in claim order: the predecessor of (q, n, m) is (q, n -/+ 1, m), claimed earlier.
+    n_min = grid.n_min()[step_m]
+    step_rank = n_min + grid.contributions()[step_m] - 1 - step_n if claim_down else step_n - n_min
     key = (q[tile] * num_m + step_m) * num_n + step_n
     index = np.full(batch * heads * num_m * num_n, -1, dtype=np.int64)
     index[key] = np.arange(key.size, dtype=np.int64)
-    pred = np.where(step_n > 0, index[np.maximum(key - 1, 0)], -1)
+    before = key + 1 if claim_down else key - 1
+    pred = np.where(step_rank > 0, index[np.clip(before, 0, index.size - 1)], -1)
     cta = claim_tiles(lengths, pred, ctas, *costs)
     order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in claim order
     steps = np.argsort(cta[tile], kind="stable")  # the same for the steps, each tile's steps in order
+    direction = f"walks {'up' if walk_up else 'down'} the band, n {'de' if claim_down else 'a'}scending; "
+    walk = direction if grid.banded else ""
     return Orders(ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
-                  step_m[steps], step_n[steps], schedule,
-                  f"{schedule} over a dynamic persistent grid of {ctas} CTAs (claims n-major in groups of "
+                  step_m[steps], step_rank[steps], schedule,
+                  f"{schedule} over a dynamic persistent grid of {ctas} CTAs ({walk}claims n-major in groups of "
                   f"{group_heads} head(s))")
+
+
+def band_walks_up(grid: TileGrid) -> bool:
+    """Whether ``shift`` on the band ``grid`` walks up from ``m_min`` (else it is ``descending``): where fewer of its
+    non-empty tiles start on the same Q tile as the previous one at the lower edge than at the upper edge.  Tiles that
+    start together queue on their first Q tile; the band's diagonal staggers the other starts."""
+    lo, end = grid.m_min(), grid.m_end()
+    both = (end > lo)[1:] & (end > lo)[:-1]
+    return int((both & (lo[1:] == lo[:-1])).sum()) < int((both & (end[1:] == end[:-1])).sum())
 
 
 def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
@@ -219,7 +262,7 @@ def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
 
 def symmetric_shift_fallback(grid: TileGrid) -> str | None:
     """Why ``symmetric_shift`` cannot run on ``grid`` (then ``descending`` is used), or None if its assumptions hold."""
-    if grid.mask != "causal":
+    if grid.mask != "causal" and not grid.banded:
         return "symmetric_shift needs the causal mask"
     if grid.seqlen_q != grid.seqlen_k:
         return f"symmetric_shift needs seqlen_q == seqlen_k (got {grid.seqlen_q} != {grid.seqlen_k})"
@@ -227,7 +270,18 @@ def symmetric_shift_fallback(grid: TileGrid) -> str | None:
         return f"symmetric_shift needs block_n % block_m == 0 (got {grid.block_m}x{grid.block_n} tiles)"
     if grid.num_n % 2:
         return f"symmetric_shift needs an even number of K/V tiles (got N={grid.num_n})"
-    return None
+    return _band_pairs_problem(grid) if grid.banded else None
+
+
+def _band_pairs_problem(grid: TileGrid) -> str:
+    """Why the band's pairs ``(n, N-1-n)`` cannot share a CTA: with the other assumptions (seqlen_q == seqlen_k,
+    block_n a multiple of block_m) a band always differs from the causal triangle, whose pairs alone have
+    complementary tile counts."""
+    triangle = TileGrid("causal", grid.seqlen_q, grid.seqlen_k, grid.block_m, grid.block_n).tile_lengths()
+    pairs = (grid.tile_lengths() + grid.tile_lengths()[::-1])[:grid.num_n // 2]
+    return (f"symmetric_shift pairs K/V tiles (n, N-1-n) for their complementary tile counts, which only the causal "
+            f"triangle's tiles have ({int(triangle[0] + triangle[-1])} steps per pair); on {grid.describe()} the "
+            f"pairs take {int(pairs.min())}-{int(pairs.max())} steps")
 
 
 def fallback_reason(schedule: str, grid: TileGrid) -> str | None:
@@ -275,7 +329,7 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
     :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`)."""
     if costs is None:
         costs = default_costs(64, grid.block_m, grid.block_n)
-    if not applicable(schedule, grid.mask):
+    if not applicable(schedule, grid.mask, grid.banded):
         raise ValueError(f"schedule {schedule!r} needs a {' or '.join(variants.schedule(schedule).masks)} mask, "
                          f"got mask {grid.mask!r}")
     reason = fallback_reason(schedule, grid)
@@ -285,6 +339,9 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
     if schedule == "symmetric_shift":
         return _symmetric(grid, batch, heads, num_sms)
+    if schedule == "shift" and grid.banded:
+        up = band_walks_up(grid)
+        return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads, walk_up=up, claim_down=up)
     if schedule == "shift":
         return _static(grid, batch, heads, num_sms)
-    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads)
+    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads, walk_up=schedule == "ascending")

@@ -116,9 +116,9 @@ class Plan:
             raise ScheduleError(f"{self.schedule}: tiles are not laid out CTA-major within {self.num_ctas} CTAs")
         if self.num_steps and (self.step_m.min() < 0 or self.step_m.max() >= num_m):
             raise ScheduleError(f"{self.schedule}: a step visits a Q tile outside [0, {num_m})")
-        m_min = grid.m_min()
-        if np.any(self.step_m < m_min[self.step_n]):
-            bad = int(np.argmax(self.step_m < m_min[self.step_n]))
+        masked = (self.step_m < grid.m_min()[self.step_n]) | (self.step_m >= grid.m_end()[self.step_n])
+        if np.any(masked):
+            bad = int(np.argmax(masked))
             raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} visits a fully masked tile")
         visits = self._dq_tile() * num_n + self.step_n
         expected = self.batch * self.heads * grid.num_steps_per_head()
@@ -149,29 +149,30 @@ class Plan:
                 f"n={int(self.step_n[step])}, m={int(self.step_m[step])}, rank={int(self.step_rank[step])})")
 
     def __repr__(self) -> str:
-        return (f"Plan({self.schedule!r} -> {self.schedule_used!r}, {self.grid.mask}, sq={self.grid.seqlen_q}, "
-                f"sk={self.grid.seqlen_k}, tiles={self.grid.block_m}x{self.grid.block_n}, B={self.batch}, "
-                f"H={self.heads}, "
-                f"G={self.num_ctas}, steps={self.num_steps})")
+        return (f"Plan({self.schedule!r} -> {self.schedule_used!r}, {self.grid.describe()}, "
+                f"sq={self.grid.seqlen_q}, sk={self.grid.seqlen_k}, tiles={self.grid.block_m}x{self.grid.block_n}, "
+                f"B={self.batch}, H={self.heads}, G={self.num_ctas}, steps={self.num_steps})")
 
 
 def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, batch: int, heads: int,
                num_sms: int, schedule: str, heads_kv: int | None = None,
-               costs: tuple[float, float] | None = None, claim_heads: int | None = None) -> Plan:
+               costs: tuple[float, float] | None = None, claim_heads: int | None = None,
+               window: tuple[int, int] = (-1, -1)) -> Plan:
     """Build the plan of ``schedule`` for one backward call.
 
     ``heads`` are query heads; ``heads_kv`` (default ``heads``) must divide it.  GQA changes nothing for dQ (dQ tiles
     are per query head); it only adds dK/dV semaphores, which :meth:`Plan.check` shows cannot deadlock.  ``num_sms`` is
     the persistent grid size the kernel launches with (SM count minus ``sm_margin``); the grid is ``min(num_sms,
     #tiles)``.  ``costs`` = ``(c, r)`` only shape the dynamic grid's predicted claims (ascending/descending; see
-    :mod:`.orders`) and ``claim_heads`` overrides its claim group (default: the kernel's rule).  The result is a pure
-    function of the arguments.
+    :mod:`.orders`) and ``claim_heads`` overrides its claim group (default: the kernel's rule).  ``window`` is
+    FlashAttention's ``window_size`` (:class:`.tiles.TileGrid`); on a band every schedule is defined.  The result is a
+    pure function of the arguments.
     """
     if mask not in MASKS:
         raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
-    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n)
+    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     for name, value in (("batch", batch), ("heads", heads), ("num_sms", num_sms)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, got {value!r}")

@@ -4,6 +4,8 @@ Cost model (the paper's): each step is a compute of cost ``c`` followed by a red
 reduce of a step may start only when its compute is done and the step with rank - 1 of the same dQ tile has finished its
 reduce; the CTA waits meanwhile (that wait is the bubble).  All CTAs are co-resident and start at time 0. Earliest-start
 times in this model are exactly longest paths in the step DAG (:mod:`.dag`), so the makespan is the critical path.
+A step is one whole (m, n) tile: one that a mask or sliding window covers only in part costs ``c`` like any other,
+because the kernels compute whole tiles and mask inside them (only tiles with nothing visible are skipped).
 """
 
 from __future__ import annotations
