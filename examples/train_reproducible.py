@@ -476,12 +476,19 @@ def result_line(cfg: Config, reports: list[PairReport]) -> str:
 
 
 def git_commit() -> str:
-    """The commit of the flash_attn_dash checkout that ran (``git rev-parse``), else $GIT_COMMIT, else unknown."""
+    """The commit that ran: $GIT_COMMIT when set (a machine that got a copy of the working tree can hold a stale
+    .git, so the caller names the commit it sent), else ``git rev-parse HEAD`` of the flash_attn_dash checkout with
+    "-dirty" when tracked files differ from it, else "unknown"."""
+    if os.environ.get("GIT_COMMIT"):
+        return os.environ["GIT_COMMIT"]
     try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(flash_attn_dash.__file__).parent,
-                              capture_output=True, text=True, check=True).stdout.strip()
+        git = ["git", "-C", str(Path(flash_attn_dash.__file__).parent)]
+        commit = subprocess.run(git + ["rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout
+        dirty = subprocess.run(git + ["status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, check=True).stdout
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("GIT_COMMIT", "unknown")
+        return "unknown"
+    return commit.strip() + ("-dirty" if dirty.strip() else "")
 
 
 def device_name(device: str) -> str:

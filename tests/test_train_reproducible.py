@@ -4,6 +4,7 @@ import contextlib
 import importlib.util
 import io
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -70,6 +71,15 @@ def test_outputs_and_verdicts(demo):
         assert pair["identical"] == same
     assert printed[-4:] == [p["verdict"] for p in written["pairs"].values()] + [written["result"]]
     assert written["result"].startswith(f"RESULT (cpu, float32, {STEPS} steps): dash-det bitwise identical")
+
+
+def test_commit_prefers_git_commit_env(monkeypatch):
+    monkeypatch.setenv("GIT_COMMIT", "0123abc")
+    assert tr.git_commit() == "0123abc"
+    monkeypatch.delenv("GIT_COMMIT")
+    checkout = Path(tr.flash_attn_dash.__file__).parent
+    assert tr.git_commit().split("-")[0] == subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout,
+                                                           capture_output=True, text=True).stdout.strip()
 
 
 def test_batches_are_reproducible_packs():
