@@ -1,6 +1,6 @@
 """Shared helpers for the flash-attn-dash benchmarks.
 
-Used by bench_attn.py, bench_block.py, plot.py and fwd_variants.py as ``benchmarks.common``.
+Used by bench_attn.py, bench_varlen.py, bench_block.py, plot.py and fwd_variants.py as ``benchmarks.common``.
 
 Contents: FLOP formulas, grid construction, the attention implementation registry
 (ours / torch SDPA backends / FlashAttention-4), CUDA-event timing, reference
@@ -183,25 +183,30 @@ IMPL_GROUPS["default"] = IMPL_GROUPS["ours"] + IMPL_GROUPS["sdpa-all"] + IMPL_GR
 IMPL_GROUPS["all"] = [k for k in IMPLS if k != "sdpa"] + ["sdpa"]
 
 
-def select_impls(spec: Optional[Sequence[str]], default: Sequence[str]) -> List[str]:
+def select_impls(spec: Optional[Sequence[str]], default: Sequence[str],
+                 impls: Optional[Dict[str, Impl]] = None,
+                 groups: Optional[Dict[str, List[str]]] = None) -> List[str]:
     """Resolve --impl values: keys (exact keys win: 'sdpa' is SDPA's default backend),
     group names (ours, sdpa-all, sdpa-det, fa4-all, default, all) or fnmatch patterns
-    ('dash-det*'); comma separated. Keeps registry order, no duplicates."""
+    ('dash-det*'); comma separated. Keeps registry order, no duplicates.
+    impls/groups: another registry (bench_varlen.py's); default IMPLS and IMPL_GROUPS."""
+    impls = IMPLS if impls is None else impls
+    groups = IMPL_GROUPS if groups is None else groups
     toks = parse_list(spec) if spec else list(default)
     chosen = set()
     for t in toks:
-        if t in IMPLS:
+        if t in impls:
             chosen.add(t)
             continue
-        if t in IMPL_GROUPS:
-            chosen.update(IMPL_GROUPS[t])
+        if t in groups:
+            chosen.update(groups[t])
             continue
-        hits = [k for k in IMPLS if fnmatch.fnmatchcase(k, t)]
+        hits = [k for k in impls if fnmatch.fnmatchcase(k, t)]
         if not hits:
-            raise ValueError(f"unknown implementation {t!r}; known: {', '.join(IMPLS)}; "
-                             f"groups: {', '.join(IMPL_GROUPS)}")
+            raise ValueError(f"unknown implementation {t!r}; known: {', '.join(impls)}; "
+                             f"groups: {', '.join(groups)}")
         chosen.update(hits)
-    return [k for k in IMPLS if k in chosen]
+    return [k for k in impls if k in chosen]
 
 
 class ImplUnavailable(Exception):

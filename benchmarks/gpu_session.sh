@@ -2,7 +2,8 @@
 # One GPU-machine call: build, GPU tests, compute-sanitizer, benchmarks (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize bench (quick) bench-attn bench-block   (default: build tests sanitize bench)
+#   steps: build tests sanitize bench (quick) bench-attn bench-block bench-varlen
+#   (default: build tests sanitize bench)
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
 # TESTS (default: every tests/*_gpu.py and the timeline test), SANITIZE_PASSES (bwd fwd),
@@ -62,5 +63,11 @@ bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/
 has bench && bench bench-quick 300 --quick
 has bench-attn && bench bench-attn 420 --attn-only     # the whole DASH grid (512..16k)
 has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
+if has bench-varlen; then  # --quick subset of the packs, ours + FA4 + cuDNN
+  timeout 420 python3 benchmarks/bench_varlen.py --quick ${VARLEN_ARGS:-} \
+    --json "benchmarks/results/$(date -u +%F-%H%M)-varlen.json" > "$LOG/bench-varlen.log" 2>&1
+  summary+=("bench-varlen rc $?")
+  pack
+fi
 pack && rm -rf "$LOG"
 cat "$OUTDIR/summary.txt"
