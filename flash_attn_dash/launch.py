@@ -41,12 +41,17 @@ class BwdLaunch:
         return variants.schedule(self.schedule).id
 
 
-def check_schedule(schedule: str, causal: bool) -> None:
-    """Raise ValueError unless ``schedule`` is ``"auto"`` or an order defined for the mask (both modes alike)."""
-    mask = "causal" if causal else "full"
+def check_schedule_name(schedule: str) -> None:
+    """Raise ValueError unless ``schedule`` is ``"auto"`` or the name of an order (for some mask)."""
     if not isinstance(schedule, str) or (schedule != "auto" and schedule not in variants.SCHEDULE_NAMES):
         names = ", ".join(repr(s) for s in ("auto",) + variants.SCHEDULE_NAMES)
         raise ValueError(f"schedule must be one of {names}; got {schedule!r}")
+
+
+def check_schedule(schedule: str, causal: bool) -> None:
+    """Raise ValueError unless ``schedule`` is ``"auto"`` or an order defined for the mask (both modes alike)."""
+    mask = "causal" if causal else "full"
+    check_schedule_name(schedule)
     if schedule != "auto" and mask not in variants.schedule(schedule).masks:
         valid = ", ".join(repr(s) for s in ("auto",) + variants.schedules_for(mask))
         raise ValueError(f"schedule={schedule!r} is defined for {' and '.join(variants.schedule(schedule).masks)} "

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .features import check_softcap
 from .schedule.tiles import check_window_size
 
 __all__ = ["RefGrads", "attention_ref", "attention_ref_bwd", "attention_ref_grads", "causal_mask", "visible_mask"]
@@ -51,8 +52,7 @@ def causal_mask(seqlen_q: int, seqlen_k: int, device: torch.device | str | None 
 
 
 def _check_features(heads: int, softcap: float, learnable_sink: torch.Tensor | None) -> None:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not 0 <= softcap < math.inf:
-        raise ValueError(f"softcap must be a finite number >= 0 (0 = off), got {softcap!r}")
+    check_softcap(softcap)
     if learnable_sink is not None and (not isinstance(learnable_sink, torch.Tensor)
                                        or learnable_sink.shape != (heads,) or not learnable_sink.is_floating_point()):
         got = (f"shape {tuple(learnable_sink.shape)} {learnable_sink.dtype}"

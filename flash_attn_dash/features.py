@@ -1,0 +1,141 @@
+"""The features of issue 19 at the API: ``window_size``, ``softcap`` and ``learnable_sink``.
+
+Semantics (``docs/features.md``, :mod:`flash_attn_dash.reference`): FlashAttention-3's sliding window,
+FlashAttention-4's softcap and learnable sink. This module holds what every entry point and op shares: the argument
+checks, the mask a window describes for a shape (FlashAttention-3's canonical form,
+:func:`.schedule.tiles.canonical_window`), and the decision whether the sm90 kernels run a call's features.
+
+The kernels implement the full and causal masks only. A window that *is* one of them for the call's shape (``(-1,
+-1)``, ``(-1, 0)``, a side that clips nothing) runs them unchanged; a real band, ``softcap != 0`` or a sink is refused
+on CUDA tensors with a NotImplementedError naming the argument, before anything is launched. CPU tensors run the
+reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
+torch.compile's fake tensors too.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+
+from .launch import check_schedule, check_schedule_name
+from .schedule.tiles import canonical_window, check_window_size
+
+NO_WINDOW = (-1, -1)
+CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
+# What the lengths a window is canonicalised on are called in errors: dense calls use the shape's, varlen calls the
+# maximum lengths (FlashAttention-3's rule).
+DENSE_LENGTHS = ("seqlen_q", "seqlen_k")
+VARLEN_LENGTHS = ("max_seqlen_q", "max_seqlen_k")
+# FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
+KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
+
+
+def check_softcap(softcap: object) -> float:
+    """``softcap`` as a float: 0 (off) or the cap of ``softcap * tanh(score / softcap)``; TypeError/ValueError
+    otherwise."""
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)):
+        raise TypeError(f"softcap must be a float >= 0 (0.0 = off), got {type(softcap).__name__}")
+    if not (math.isfinite(softcap) and softcap >= 0):
+        raise ValueError(f"softcap must be finite and >= 0 (0.0 = off), got {softcap}")
+    return float(softcap)
+
+
+def check_learnable_sink(learnable_sink: object, heads: int, q: torch.Tensor) -> None:
+    """``learnable_sink`` is None or a (heads,) tensor on q's device, in a dtype FlashAttention-4 accepts (fp16,
+    bf16, fp32; also fp64 on CPU tensors)."""
+    if learnable_sink is None:
+        return
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be None or a torch.Tensor of shape (heads,), got "
+                        f"{type(learnable_sink).__name__}")
+    if tuple(learnable_sink.shape) != (heads,):
+        raise ValueError(f"learnable_sink must have shape (heads,) = ({heads},) (one logit per query head), got "
+                         f"{tuple(learnable_sink.shape)}")
+    allowed = KERNEL_SINK_DTYPES if q.is_cuda else REFERENCE_SINK_DTYPES
+    if learnable_sink.dtype not in allowed:
+        accepted = ", ".join(str(d) for d in allowed)
+        raise TypeError(f"learnable_sink.dtype must be one of {accepted} on {q.device.type}, got "
+                        f"{learnable_sink.dtype}")
+    if learnable_sink.device != q.device:
+        raise ValueError(f"learnable_sink must be on q's device ({q.device}), got {learnable_sink.device}")
+
+
+def kernel_causal(causal: bool, window_size: Sequence[int], seqlen_q: int, seqlen_k: int) -> bool | None:
+    """The ``causal`` flag of the kernels' mask that sees exactly the keys of ``(causal, window_size)`` on this shape
+    (False: full, True: causal), or None when the window is a band, which no kernel implements yet."""
+    return {NO_WINDOW: False, CAUSAL_WINDOW: True}.get(canonical_window(causal, window_size, seqlen_q, seqlen_k))
+
+
+def kernel_refusal(causal: bool, window_size: Sequence[int], softcap: float, has_sink: bool, seqlen_q: int,
+                   seqlen_k: int, length_names: tuple[str, str] = DENSE_LENGTHS) -> str | None:
+    """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
+
+    The decision reads Python values only, so it is tested on any machine (``length_names``: what the lengths are
+    called, :data:`DENSE_LENGTHS` or :data:`VARLEN_LENGTHS`)."""
+    reasons = []
+    if kernel_causal(causal, window_size, seqlen_q, seqlen_k) is None:
+        canon = canonical_window(causal, window_size, seqlen_q, seqlen_k)
+        reasons.append(f"window_size={tuple(window_size)} is a sliding window ({length_names[0]}={seqlen_q}, "
+                       f"{length_names[1]}={seqlen_k}: canonically {canon}); only windows that are the full mask "
+                       "(-1, -1) or the causal mask (-1, 0) run there")
+    if softcap != 0:
+        reasons.append(f"softcap={softcap} (only 0.0 runs there)")
+    if has_sink:
+        reasons.append("learnable_sink (only None runs there)")
+    if not reasons:
+        return None
+    return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "
+            "with every feature.")
+
+
+def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, has_sink: bool, seqlen_q: int,
+                seqlen_k: int, length_names: tuple[str, str] = DENSE_LENGTHS) -> bool:
+    """The ``causal`` flag the sm90 kernels run these features with (:func:`kernel_causal`); NotImplementedError
+    (:func:`kernel_refusal`'s message) where they cannot."""
+    why = kernel_refusal(causal, window_size, softcap, has_sink, seqlen_q, seqlen_k, length_names)
+    if why is not None:
+        raise NotImplementedError(why)
+    return bool(kernel_causal(causal, window_size, seqlen_q, seqlen_k))
+
+
+def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[int], seqlen_q: int,
+                           seqlen_k: int) -> None:
+    """Validate ``schedule`` against the mask the window describes on this shape: the full or causal mask's orders,
+    or, on a band, any order (the schedule model defines every order on bands, ``schedule.orders.applicable``)."""
+    mask_causal = kernel_causal(causal, window_size, seqlen_q, seqlen_k)
+    if mask_causal is None:
+        check_schedule_name(schedule)
+    else:
+        check_schedule(schedule, mask_causal)
+
+
+def check_features(causal: bool, window_size: object, softcap: object, learnable_sink: object, schedule: str,
+                   heads: int, seqlen_q: int, seqlen_k: int, q: torch.Tensor,
+                   length_names: tuple[str, str] = DENSE_LENGTHS) -> tuple[tuple[int, int], float]:
+    """Every feature check of an attention call, before anything runs: the values (``window_size`` a pair of ints
+    >= -1, ``softcap`` a finite float >= 0, ``learnable_sink`` None or (heads,) on q's device), ``schedule`` against
+    the mask the window describes (:func:`check_schedule_on_mask`), and on CUDA tensors what the kernels support
+    (:func:`kernel_mask`). Returns ``(window_size, softcap)`` as ``((int, int), float)``."""
+    window = check_window_size(window_size)
+    cap = check_softcap(softcap)
+    check_learnable_sink(learnable_sink, heads, q)
+    check_schedule_on_mask(schedule, causal, window, seqlen_q, seqlen_k)
+    if q.is_cuda:
+        kernel_mask(causal, window, cap, learnable_sink is not None, seqlen_q, seqlen_k, length_names)
+    return window, cap
+
+
+def sink_grad_buffer(learnable_sink: torch.Tensor | None, like: torch.Tensor) -> torch.Tensor:
+    """The ``dsink`` output of the backward ops: zeros (heads,) fp32 with a sink, else an empty (0,) fp32 tensor (the
+    ops always return one, so their schemas and fake kernels do not depend on the sink's presence beyond its
+    None-ness)."""
+    size = 0 if learnable_sink is None else learnable_sink.shape[0]
+    return torch.zeros(size, dtype=torch.float32, device=like.device)
+
+
+def sink_grad(dsink: torch.Tensor, learnable_sink: torch.Tensor | None) -> torch.Tensor | None:
+    """What an autograd backward returns for ``learnable_sink``: None without a sink, else the ops' fp32 ``dsink`` in
+    the sink's dtype (as FlashAttention-4 returns it)."""
+    return None if learnable_sink is None else dsink.to(learnable_sink.dtype)
