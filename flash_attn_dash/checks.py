@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import torch
 
 from . import variants
-from .launch import check_schedule
+from .launch import check_schedule_name
 
 SCHEDULES = ("auto",) + variants.SCHEDULE_NAMES
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
@@ -53,7 +53,8 @@ def check_options(
     sm_margin: int,
     return_lse: bool,
 ) -> None:
-    """Validate the non-tensor arguments of flash_attn_func."""
+    """Validate the non-tensor arguments of flash_attn_func (of ``schedule``, its name: whether the mask has that order
+    depends on the window and the shape, :func:`flash_attn_dash.features.check_features`)."""
     if softmax_scale is not None:
         if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)):
             raise TypeError(f"softmax_scale must be a float or None, got {type(softmax_scale).__name__}")
@@ -62,7 +63,7 @@ def check_options(
     _require_bool("causal", causal)
     _check_deterministic(deterministic)
     _require_bool("return_lse", return_lse)
-    check_schedule(schedule, causal)
+    check_schedule_name(schedule)
     if isinstance(sm_margin, bool) or not isinstance(sm_margin, int):
         raise TypeError(f"sm_margin must be an int >= 0, got {type(sm_margin).__name__}")
     if sm_margin < 0:

@@ -2,6 +2,12 @@
 
 They run the sm90 kernels on CUDA tensors and the PyTorch reference on CPU tensors, and have fake
 (meta) implementations so ``torch.compile(fullgraph=True)`` and CUDA graphs can trace them.
+Both carry the features of issue 19 as trailing arguments with FlashAttention's defaults (``window_size_left``,
+``window_size_right``: ints, -1 = unbounded; ``softcap``: float, 0 = off; ``learnable_sink``: Tensor?), so calls
+without them keep their meaning. ``bwd`` always returns four tensors, ``(dq, dk, dv, dsink)``: dsink is the sink's
+gradient, (heads,) fp32 summed over batch and rows, or an empty (0,) fp32 tensor without a sink (one schema, one fake
+kernel, whatever the call). On CUDA tensors the features the kernels lack raise before any launch
+(:func:`flash_attn_dash.features.kernel_mask`); windows that are the full or causal mask run those kernels.
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
 caller buffers; ``bwd_out`` takes a resolved launch (:mod:`flash_attn_dash.launch`), which :func:`bwd_into`
 decides and passes. Tests use them to poison outputs and to read the dQ accumulation-order trace.
@@ -10,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, checks, debug
+from . import _ext, checks, debug, features
 from .launch import BwdLaunch, bwd_launch
-from .reference import attention_ref, attention_ref_bwd
+from .reference import attention_ref, attention_ref_grads
 
 torch.library.define(
     "flash_attn_dash::fwd_out",
@@ -66,14 +72,18 @@ def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
 
 
 def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                 softmax_scale: float, causal: bool, sm_margin: int) -> None:
+                 softmax_scale: float, causal: bool, sm_margin: int, *, window_size: tuple[int, int] = (-1, -1),
+                 softcap: float = 0.0, learnable_sink: torch.Tensor | None = None) -> None:
     """Fill ``out`` (shaped like q, any kernel-friendly strides) and ``lse`` (batch, heads, seqlen_q) fp32 on any
-    device; callers that must return a layout of their own (torch's SDPA hook) pass views of it."""
+    device; callers that must return a layout of their own (torch's SDPA hook) pass views of it. ``lse`` includes
+    the sink where there is one (FlashAttention-4's convention)."""
     if not q.is_cuda:
-        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, causal)
+        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap,
+                                         learnable_sink=learnable_sink)
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return
+    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1], k.shape[1])
     check_cuda_inputs(q, k, v, sm_margin)
     if q.numel() == 0:
         return
@@ -86,30 +96,51 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
 
 @torch.library.custom_op("flash_attn_dash::fwd", mutates_args=())
 def fwd(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, causal: bool, sm_margin: int
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    softmax_scale: float,
+    causal: bool,
+    sm_margin: int,
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    learnable_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward attention: returns out (b, sq, h, d) in q's dtype and lse (b, h, sq) fp32, natural log."""
+    """Forward attention: returns out (b, sq, h, d) in q's dtype and lse (b, h, sq) fp32, natural log (the sink
+    included)."""
     out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-    forward_into(q, k, v, out, lse, softmax_scale, causal, sm_margin)
+    forward_into(q, k, v, out, lse, softmax_scale, causal, sm_margin, window_size=(window_size_left, window_size_right),
+                 softcap=softcap, learnable_sink=learnable_sink)
     return out, lse
 
 
 @fwd.register_fake
-def _(q, k, v, softmax_scale, causal, sm_margin):
+def _(q, k, v, softmax_scale, causal, sm_margin, window_size_left=-1, window_size_right=-1, softcap=0.0,
+      learnable_sink=None):
     return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
 def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                   lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
-                  causal: bool, deterministic: bool, schedule: str, sm_margin: int) -> None:
-    """Fill ``dq``/``dk``/``dv`` on any device; they may be views of one packed gradient buffer."""
+                  causal: bool, deterministic: bool, schedule: str, sm_margin: int, *,
+                  window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                  learnable_sink: torch.Tensor | None = None, dsink: torch.Tensor | None = None) -> None:
+    """Fill ``dq``/``dk``/``dv`` on any device; they may be views of one packed gradient buffer. With a sink,
+    ``dsink`` (heads,) fp32, if given, receives its gradient summed over batch and rows."""
     if not q.is_cuda:
-        if debug.debug_enabled():  # the order an H200 would run
-            launch_for(q, k, causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
-        for grad, ref in zip((dq, dk, dv), attention_ref_bwd(dout, q, k, v, softmax_scale, causal)):
+        mask_causal = features.kernel_causal(causal, window_size, q.shape[1], k.shape[1])
+        if debug.debug_enabled() and mask_causal is not None:  # the order an H200 would run (a band has no kernel)
+            launch_for(q, k, mask_causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
+        grads = attention_ref_grads(dout, q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap,
+                                    learnable_sink=learnable_sink)
+        for grad, ref in zip((dq, dk, dv), (grads.dq, grads.dk, grads.dv)):
             grad.copy_(ref)
+        if dsink is not None and grads.dsink is not None:
+            dsink.copy_(grads.dsink)
         return
+    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1], k.shape[1])
     _ext.require_kernels()
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):
@@ -131,13 +162,23 @@ def bwd(
     deterministic: bool,
     schedule: str,
     sm_margin: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Backward attention: (dq, dk, dv) in the input dtype; "auto" is resolved here, at run time."""
+    window_size_left: int = -1,
+    window_size_right: int = -1,
+    softcap: float = 0.0,
+    learnable_sink: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Backward attention: (dq, dk, dv) in the input dtype and dsink (:func:`.features.sink_grad_buffer`); "auto" is
+    resolved here, at run time."""
     dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
-    backward_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
-    return dq, dk, dv
+    dsink = features.sink_grad_buffer(learnable_sink, q)
+    backward_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
+                  window_size=(window_size_left, window_size_right), softcap=softcap, learnable_sink=learnable_sink,
+                  dsink=dsink)
+    return dq, dk, dv, dsink
 
 
 @bwd.register_fake
-def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, schedule, sm_margin):
-    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+def _(dout, q, k, v, out, lse, softmax_scale, causal, deterministic, schedule, sm_margin, window_size_left=-1,
+      window_size_right=-1, softcap=0.0, learnable_sink=None):
+    dsink = features.sink_grad_buffer(learnable_sink, q)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape), dsink

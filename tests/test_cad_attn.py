@@ -138,8 +138,8 @@ def test_negative_control_server_order_fold_changes_bits():
     for c in range(-(-length // CHUNK)):
         a, e = c * CHUNK, min((c + 1) * CHUNK, length)
         out, lse = torch.ops.flash_attn_dash.fwd(q[:, a:e], k[:, :e], v[:, :e], scale, True, 0)
-        _, dk, dv = torch.ops.flash_attn_dash.bwd(dout[:, a:e], q[:, a:e], k[:, :e], v[:, :e], out, lse, scale,
-                                                  True, True, "descending", 0)
+        _, dk, dv, _ = torch.ops.flash_attn_dash.bwd(dout[:, a:e], q[:, a:e], k[:, :e], v[:, :e], out, lse, scale,
+                                                     True, True, "descending", 0)
         partials.append(torch.stack([dk[0], dv[0]], 1))
     canonical = fold_partials(partials, length, torch.float32)
     by_server = {}

@@ -31,14 +31,14 @@ def test_chunk_calls_match_the_whole_document_bitwise(head_dim, heads, heads_kv,
     q, k, v, dout = doc_tensors(length, length, heads, heads_kv, head_dim)
     scale = head_dim ** -0.5
     out, lse = torch.ops.flash_attn_dash.fwd(q, k, v, scale, True, 0)
-    dq, dk, dv = torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, scale, True, True, SCHEDULE, 0)
+    dq, dk, dv, _ = torch.ops.flash_attn_dash.bwd(dout, q, k, v, out, lse, scale, True, True, SCHEDULE, 0)
     partials = []
     for a, e in chunks(length, chunk):
         for margin in (0, 16):
             o_c, lse_c = torch.ops.flash_attn_dash.fwd(q[:, a:e], k[:, :e], v[:, :e], scale, True, margin)
             assert torch.equal(o_c, out[:, a:e]), f"O rows [{a}, {e}) sm_margin {margin}"
             assert torch.equal(lse_c, lse[:, :, a:e]), f"LSE rows [{a}, {e}) sm_margin {margin}"
-            dq_c, dk_c, dv_c = torch.ops.flash_attn_dash.bwd(
+            dq_c, dk_c, dv_c, _ = torch.ops.flash_attn_dash.bwd(
                 dout[:, a:e].contiguous(), q[:, a:e].contiguous(), k[:, :e].contiguous(), v[:, :e].contiguous(),
                 o_c, lse_c, scale, True, True, SCHEDULE, margin)
             assert torch.equal(dq_c, dq[:, a:e]), f"dQ rows [{a}, {e}) sm_margin {margin}"
@@ -65,7 +65,7 @@ def test_server_tasks_on_the_kernels_match_direct_calls(head_dim, heads, heads_k
         o_c, lse_c = torch.ops.flash_attn_dash.fwd(qd[:, t.start:t.end], kd[:, :t.end], vd[:, :t.end], scale, True, 0)
         rows = slice(base[t.doc] + t.start, base[t.doc] + t.end)
         assert torch.equal(out[rows], o_c[0])
-        dq_c, dk_c, dv_c = torch.ops.flash_attn_dash.bwd(
+        dq_c, dk_c, dv_c, _ = torch.ops.flash_attn_dash.bwd(
             dod[:, t.start:t.end].contiguous(), qd[:, t.start:t.end].contiguous(), kd[:, :t.end].contiguous(),
             vd[:, :t.end].contiguous(), o_c, lse_c, scale, True, True, SCHEDULE, 0)
         assert torch.equal(dq[rows], dq_c[0])

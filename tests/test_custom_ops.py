@@ -12,8 +12,9 @@ def test_fake_tensor_shapes():
         q, k, v = torch.empty(2, 33, 4, 64), torch.empty(2, 17, 2, 64), torch.empty(2, 17, 2, 64)
         out, lse = torch.ops.flash_attn_dash.fwd(q, k, v, 0.125, True, 0)
         assert out.shape == q.shape and lse.shape == (2, 4, 33) and lse.dtype == torch.float32
-        dq, dk, dv = torch.ops.flash_attn_dash.bwd(out, q, k, v, out, lse, 0.125, True, True, "auto", 0)
+        dq, dk, dv, dsink = torch.ops.flash_attn_dash.bwd(out, q, k, v, out, lse, 0.125, True, True, "auto", 0)
         assert dq.shape == q.shape and dk.shape == k.shape and dv.shape == v.shape
+        assert dsink.shape == (0,) and dsink.dtype == torch.float32
 
 
 def test_opcheck():

@@ -49,7 +49,7 @@ def backward_tasks(tasks: Sequence[Task], dout: torch.Tensor, q: torch.Tensor, k
     partials = k.new_empty((sum(t.kv_rows for t in tasks), 2, *k.shape[1:]))
     for t, lse in zip(tasks, lses):
         rows = t.end - t.start
-        dq_t, dk_t, dv_t = torch.ops.flash_attn_dash.bwd(
+        dq_t, dk_t, dv_t, _ = torch.ops.flash_attn_dash.bwd(
             _rows(dout, t.q_offset, rows), _rows(q, t.q_offset, rows), _rows(k, t.kv_offset, t.kv_rows),
             _rows(v, t.kv_offset, t.kv_rows), _rows(out, t.q_offset, rows), lse, softmax_scale, causal,
             deterministic, SCHEDULE, sm_margin)
