@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, checks, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
+from . import _ext, checks, features, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
 from . import interface  # noqa: F401  (loads the extension and the dense ops)
-from .varlen_checks import check_varlen_args
+from .varlen_checks import check_varlen_args, check_varlen_features
 from .launch import sequence_launch
 from .varlen_layout import read_layout
 
@@ -25,26 +25,26 @@ def k_offsets_arg(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> tor
 
 class _FlashAttnVarlenFunc(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
-                softmax_scale, causal, deterministic, schedule, sm_margin):
+    def forward(ctx, q, k, v, learnable_sink, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q,
+                seqused_k, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin):
         cu_seqlens_k = cu_seqlens_q if cu_seqlens_k is None else cu_seqlens_k
         out, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                         max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
-                                                        sm_margin)
-        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+                                                        sm_margin, *window_size, softcap, learnable_sink)
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink)
         ctx.max_seqlens = (max_seqlen_q, max_seqlen_k)
-        ctx.options = (softmax_scale, causal, deterministic, schedule, sm_margin)
+        ctx.options = (softmax_scale, causal, deterministic, schedule, sm_margin, *window_size, softcap)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k = ctx.saved_tensors
+        q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, learnable_sink = ctx.saved_tensors
         # Incoming gradients can be expanded or strided views; the kernels need TMA-friendly strides.
-        dq, dk, dv = torch.ops.flash_attn_dash.varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q,
-                                                          cu_seqlens_k, *ctx.max_seqlens, seqused_q, seqused_k,
-                                                          *ctx.options)
-        return (dq, dk, dv) + (None,) * 11
+        dq, dk, dv, dsink = torch.ops.flash_attn_dash.varlen_bwd(dout.contiguous(), q, k, v, out, lse, cu_seqlens_q,
+                                                                 cu_seqlens_k, *ctx.max_seqlens, seqused_q, seqused_k,
+                                                                 *ctx.options, learnable_sink)
+        return (dq, dk, dv, features.sink_grad(dsink, learnable_sink)) + (None,) * 13
 
 
 def flash_attn_varlen_func(
@@ -59,12 +59,16 @@ def flash_attn_varlen_func(
     seqused_k: torch.Tensor | None = None,
     softmax_scale: float | None = None,
     causal: bool = False,
+    window_size: tuple[int, int] = (-1, -1),
+    learnable_sink: torch.Tensor | None = None,
+    softcap: float = 0.0,
     deterministic: bool | None = None,
     schedule: str = "auto",
     sm_margin: int = 0,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """Attention within each of a batch of sequences packed along the token dimension, differentiable in q, k, v.
+    """Attention within each of a batch of sequences packed along the token dimension, differentiable in q, k, v
+    (and ``learnable_sink``).
 
     Sequence b's queries are rows ``cu_seqlens_q[b] .. cu_seqlens_q[b+1] - 1`` of q; they attend to rows
     ``cu_seqlens_k[b] .. cu_seqlens_k[b+1] - 1`` of k and v, and to nothing of the other sequences.
@@ -84,7 +88,15 @@ def flash_attn_varlen_func(
             lse -inf, gradients 0), and the used lengths are the sequence's lengths for the causal mask.
         softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5.
         causal: causal mask aligned bottom-right per sequence (query i of a sequence sees its key j iff
-            j <= i + len_k - len_q); rows that see no key return 0 with lse = -inf.
+            j <= i + len_k - len_q); rows that see no key return 0 with lse = -inf. Sets the window's right side
+            to 0.
+        window_size, learnable_sink, softcap: as in :func:`flash_attn_dash.flash_attn_func`, per sequence: the
+            window is aligned bottom-right on each sequence's used lengths (query i sees key j iff
+            ``i + len_k - len_q - left <= j <= i + len_k - len_q + right``), and the sink's gradient is summed over
+            every sequence's rows (so its bits depend on the whole pack, unlike each document's dq/dk/dv). On CUDA
+            tensors whether the window is the full or causal mask is decided on ``max_seqlen_q``/``max_seqlen_k``
+            (FlashAttention-3's rule); a band, a softcap or a sink raises NotImplementedError there (no kernel
+            yet).
         deterministic: make dq/dk/dv bitwise reproducible run to run, and each sequence's bits independent of the
             pack: of the other sequences, their number, its position, ``sm_margin`` and the SM count (with a
             portable order, below). None (the default) follows ``torch.are_deterministic_algorithms_enabled()``.
@@ -96,7 +108,8 @@ def flash_attn_varlen_func(
             among the sequences, a sequence's bits will depend on what it is packed with. Per sequence, the order
             that runs: :func:`varlen_schedule_used`.
         sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
-        return_lse: also return the log-sum-exp (heads, total_q), fp32, natural log (not differentiable).
+        return_lse: also return the log-sum-exp (heads, total_q), fp32, natural log, the sink included (not
+            differentiable).
 
     Returns:
         out (total_q, heads, head_dim) in q's dtype, or (out, lse) if return_lse.
@@ -110,9 +123,12 @@ def flash_attn_varlen_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    window, softcap = check_varlen_features(causal, window_size, softcap, learnable_sink, schedule, shape.heads,
+                                            max_seqlen_q, max_seqlen_k, q)
     scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
-    out, lse = _FlashAttnVarlenFunc.apply(q, k, v, cu_seqlens_q, k_offsets_arg(cu_seqlens_q, cu_seqlens_k),
-                                          max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, scale, causal,
+    out, lse = _FlashAttnVarlenFunc.apply(q, k, v, learnable_sink, cu_seqlens_q,
+                                          k_offsets_arg(cu_seqlens_q, cu_seqlens_k), max_seqlen_q, max_seqlen_k,
+                                          seqused_q, seqused_k, scale, causal, window, softcap,
                                           checks.resolve_deterministic(deterministic), schedule, sm_margin)
     return (out, lse) if return_lse else out
 
@@ -130,6 +146,7 @@ def varlen_schedule_used(
     deterministic: bool | None = True,
     schedule: str = "auto",
     sm_margin: int = 0,
+    window_size: tuple[int, int] = (-1, -1),
 ) -> list[str | None]:
     """The dQ accumulation order each sequence's backward runs in ``flash_attn_varlen_func(q, k, v, ...)`` with
     these arguments, in pack order; None for a sequence with no backward work (no used query or no used key).
@@ -141,12 +158,17 @@ def varlen_schedule_used(
     that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
     fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
     and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
+    ``window_size`` is ``flash_attn_varlen_func``'s: a window that is the full or causal mask at the maximum lengths
+    answers for that mask in every sequence, a band raises the kernels' NotImplementedError.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
     deterministic = checks.resolve_deterministic(deterministic)
     if not isinstance(k, torch.Tensor):
         raise TypeError(f"k must be a torch.Tensor, got {type(k).__name__}")
     shape = check_varlen_args(q, k, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
+    window, _ = check_varlen_features(causal, window_size, 0.0, None, schedule, shape.heads, max_seqlen_q,
+                                      max_seqlen_k, q)
+    causal = features.kernel_mask(causal, window, 0.0, False, max_seqlen_q, max_seqlen_k, features.VARLEN_LENGTHS)
     checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, shape.total_q,

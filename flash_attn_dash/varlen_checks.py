@@ -1,8 +1,9 @@
 """Argument checks of the varlen (packed) API. Every error names the argument and what is accepted.
 
-Two kinds: :func:`check_varlen_args` reads only dtypes, devices and shapes, so it runs before anything is launched on
-any device (and under torch.compile's fake tensors); :func:`check_layout_values` reads the values of ``cu_seqlens_*``
-and ``seqused_*``, so it runs on host copies, where the ops read them anyway (:mod:`.varlen_layout`).
+Two kinds: :func:`check_varlen_args` and :func:`check_varlen_features` read only dtypes, devices, shapes and Python
+values, so they run before anything is launched on any device (and under torch.compile's fake tensors);
+:func:`check_layout_values` reads the values of ``cu_seqlens_*`` and ``seqused_*``, so it runs on host copies, where
+the ops read them anyway (:mod:`.varlen_layout`).
 The layout-independent tensor rules (dtypes, devices, GQA ratio) are :func:`flash_attn_dash.checks.check_tensors`'s.
 """
 from __future__ import annotations
@@ -12,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import checks
+from . import checks, features
 
 # The varlen kernels address packed tensors with 32-bit element offsets.
 INDEX_LIMIT = 2**31
@@ -122,6 +123,16 @@ def check_varlen_args(
     _check_totals("q", shape.seqlen_q, batch, max_seqlen_q)
     _check_totals("k", shape.seqlen_k, batch, max_seqlen_k)
     return VarlenShape(batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads_k, shape.head_dim)
+
+
+def check_varlen_features(causal: bool, window_size: object, softcap: object, learnable_sink: object, schedule: str,
+                          heads: int, max_seqlen_q: int, max_seqlen_k: int,
+                          q: torch.Tensor) -> tuple[tuple[int, int], float]:
+    """:func:`flash_attn_dash.features.check_features` for a varlen call: the mask a window describes, and what the
+    kernels support, are decided on the maximum lengths (FlashAttention-3's rule; a window side that clips nothing
+    there clips nothing in any sequence). Returns ``(window_size, softcap)``."""
+    return features.check_features(causal, window_size, softcap, learnable_sink, schedule, heads, max_seqlen_q,
+                                   max_seqlen_k, q, features.VARLEN_LENGTHS)
 
 
 def check_layout_values(side: str, cu: Sequence[int], total: int, max_seqlen: int,

@@ -13,22 +13,29 @@ from __future__ import annotations
 
 import torch
 
-from . import ops, varlen_per_sequence
+from . import features, ops, varlen_per_sequence
 from .varlen_layout import read_layout
 
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_margin: int) -> None:
-    """The dense kernels' constraints on the packed tensors (every sequence's view shares their strides and
-    alignment), before the first launch."""
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+           window_size: tuple[int, int], softcap: float, learnable_sink: torch.Tensor | None, sm_margin: int) -> bool:
+    """Before the first launch: the features the kernels lack and the dense kernels' constraints on the packed tensors
+    (every sequence's view shares their strides and alignment). Returns the kernels' ``causal`` flag, decided on the
+    batch's maximum lengths as FlashAttention-3 decides it: a window side that clips nothing there clips nothing in any
+    sequence, and every sequence runs the same mask kernel as the plain call would."""
+    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, max_seqlen_q,
+                                  max_seqlen_k, features.VARLEN_LENGTHS)
     ops.check_cuda_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin)
+    return causal
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
             cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, seqused_q: torch.Tensor | None,
-            seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool,
-            sm_margin: int) -> tuple[torch.Tensor, torch.Tensor]:
+            seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool, sm_margin: int,
+            window_size: tuple[int, int], softcap: float,
+            learnable_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_attn_dash::varlen_fwd`` on CUDA tensors."""
-    _check(q, k, v, sm_margin)
+    causal = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin)
@@ -38,9 +45,10 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, cu_seqlens_q: torch.Tensor,
                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, seqused_q: torch.Tensor | None,
                   seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool, deterministic: bool,
-                  schedule: str, sm_margin: int) -> None:
+                  schedule: str, sm_margin: int, window_size: tuple[int, int], softcap: float,
+                  learnable_sink: torch.Tensor | None) -> None:
     """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients."""
-    _check(q, k, v, sm_margin)
+    causal = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,

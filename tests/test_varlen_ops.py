@@ -15,9 +15,10 @@ def test_fake_tensor_shapes():
         assert out.shape == q.shape and out.dtype == q.dtype
         assert lse.shape == (4, 33) and lse.dtype == torch.float32
         used = torch.empty(3, dtype=torch.int32)
-        dq, dk, dv = torch.ops.flash_attn_dash.varlen_bwd(out, q, k, k, out, lse, cu, cu, 20, 10, used, used, 0.125,
-                                                          True, True, "auto", 0)
+        dq, dk, dv, dsink = torch.ops.flash_attn_dash.varlen_bwd(out, q, k, k, out, lse, cu, cu, 20, 10, used, used,
+                                                                 0.125, True, True, "auto", 0)
         assert (dq.shape, dk.shape, dv.shape) == (q.shape, k.shape, k.shape) and dk.dtype == k.dtype
+        assert dsink.shape == (0,) and dsink.dtype == torch.float32
 
 
 def test_public_function_traces_under_fake_tensors():

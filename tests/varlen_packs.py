@@ -55,19 +55,26 @@ def make_pack(lens_q: list[int], lens_k: list[int], heads: int = 4, heads_k: int
                 list(lens_q), list(lens_k), used_q, used_k)
 
 
-def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax_scale: float | None = None):
-    """(out, lse, dq, dk, dv) from attention_ref on each sequence's used rows alone (autograd gradients); rows no
-    sequence uses hold out 0, lse -inf and zero gradients."""
+def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax_scale: float | None = None,
+                           learnable_sink: torch.Tensor | None = None, **features):
+    """(out, lse, dq, dk, dv, dsink) from attention_ref on each sequence's used rows alone (autograd gradients), with
+    attention_ref's ``features`` (window_size, softcap) and sink; dsink sums the sequences' sink gradients (None
+    without a sink). Rows no sequence uses hold out 0, lse -inf and zero gradients."""
     q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
     out, dq, dk, dv = (torch.zeros_like(t) for t in (q, q, k, v))
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64)
+    sink = None if learnable_sink is None else learnable_sink.detach().clone().requires_grad_()
+    dsink = None if sink is None else torch.zeros_like(sink)
     for rows_q, rows_k in pack.spans():
         leaves = [t[rows].unsqueeze(0).clone().requires_grad_() for t, rows in ((q, rows_q), (k, rows_k),
                                                                                (v, rows_k))]
-        o, l = attention_ref(*leaves, softmax_scale=softmax_scale, causal=causal)
-        grads = torch.autograd.grad(o, leaves, dout[rows_q].unsqueeze(0).to(o.dtype), allow_unused=True)
+        o, l = attention_ref(*leaves, softmax_scale=softmax_scale, causal=causal, learnable_sink=sink, **features)
+        inputs = leaves if sink is None else leaves + [sink]
+        grads = torch.autograd.grad(o, inputs, dout[rows_q].unsqueeze(0).to(o.dtype), allow_unused=True)
         out[rows_q], lse[:, rows_q] = o[0].to(q.dtype), l[0].double()
         for packed, rows, g in zip((dq, dk, dv), (rows_q, rows_k, rows_k), grads):
             if g is not None:
                 packed[rows] = g[0].to(packed.dtype)
-    return out, lse, dq, dk, dv
+        if sink is not None and grads[3] is not None:
+            dsink += grads[3]
+    return out, lse, dq, dk, dv, dsink
