@@ -100,9 +100,9 @@ def test_varlen_packed_backward_writes_into_one_buffer(monkeypatch):
     seen = []
     real = per_sequence.backward_into
 
-    def spy(dout, q, k, v, out, lse, dq, dk, dv, *rest):
+    def spy(dout, q, k, v, out, lse, dq, dk, dv, *rest, **features):
         seen.append((dq._base, dk._base, dv._base))
-        return real(dout, q, k, v, out, lse, dq, dk, dv, *rest)
+        return real(dout, q, k, v, out, lse, dq, dk, dv, *rest, **features)
 
     monkeypatch.setattr(per_sequence, "backward_into", spy)
     qkv = torch.randn(sum(LENS), 3, 2, 16, requires_grad=True)
@@ -157,11 +157,11 @@ def test_packed_fake_shapes_and_opcheck():
     with FakeTensorMode():
         qkv = torch.empty(2, 5, 3, 2, 16)
         out, lse = torch.empty(2, 5, 2, 16), torch.empty(2, 2, 5)
-        assert torch.ops.flash_attn_dash.bwd_qkvpacked(out, qkv, out, lse, None, 0.25, True, True, "auto", 0).shape \
-            == qkv.shape
+        dqkv, dsink = torch.ops.flash_attn_dash.bwd_qkvpacked(out, qkv, out, lse, None, 0.25, True, True, "auto", 0)
+        assert dqkv.shape == qkv.shape and dsink.shape == (0,)
         q, kv = torch.empty(2, 5, 2, 16), torch.empty(2, 3, 2, 1, 16)
-        dq, dkv = torch.ops.flash_attn_dash.bwd_kvpacked(out, q, kv, out, lse, 0.25, True, True, "auto", 0)
-        assert dq.shape == q.shape and dkv.shape == kv.shape
+        dq, dkv, dsink = torch.ops.flash_attn_dash.bwd_kvpacked(out, q, kv, out, lse, 0.25, True, True, "auto", 0)
+        assert dq.shape == q.shape and dkv.shape == kv.shape and dsink.shape == (0,)
     qkv = torch.randn(1, 6, 4, 16)
     q, k, v = qkv[:, :, :2], qkv[:, :, 2:3], qkv[:, :, 3:]
     out, lse = torch.ops.flash_attn_dash.fwd(q, k, v, 0.25, True, 0)
@@ -216,9 +216,9 @@ def seen_deterministic(monkeypatch):
     seen = []
     real = ops.backward_into
 
-    def spy(*args):
+    def spy(*args, **features):
         seen.append(args[11])
-        return real(*args)
+        return real(*args, **features)
 
     monkeypatch.setattr(ops, "backward_into", spy)
     return seen
