@@ -228,6 +228,25 @@ def test_window_minus_one_zero_is_the_causal_mask():
     assert not torch.allclose(full, causal)
 
 
+@pytest.mark.parametrize("left,right", [(8, 0), (5, 3), (None, 4), (12, None)])
+def test_sliding_windows_have_flash_attn_funcs_semantics(left, right):
+    """aten's window_size_left/right (None = -1) on CPU tensors: flash_attn_func's window, forward and backward (on
+    CUDA tensors the ops raise flash_attn_func's NotImplementedError for a band: tests/test_features_api.py)."""
+    q, k, v = bshd_inputs(grad=True)
+    window = tuple(-1 if side is None else side for side in (left, right))
+    out, lse, rng_state, unused, _ = tf.flash_attention_forward(q, k, v, None, None, 0, 0, 0.0, False, False,
+                                                                window_size_left=left, window_size_right=right)
+    ref, ref_lse = flash_attn_func(q, k, v, window_size=window, return_lse=True)
+    torch.testing.assert_close(out, ref, atol=0, rtol=0)
+    torch.testing.assert_close(lse, ref_lse, atol=0, rtol=0)
+    assert not torch.allclose(out, flash_attn_func(q, k, v, causal=right == 0))
+    dout = torch.randn(q.shape, dtype=q.dtype)
+    grads = tf.flash_attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.0, False, rng_state, unused,
+                                        window_size_left=left, window_size_right=right)
+    for g, e in zip(grads, torch.autograd.grad(ref, (q, k, v), dout)):
+        torch.testing.assert_close(g, e, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("strided", [False, True])
 def test_inplace_forward_writes_out(strided):
     q, k, v = bshd_inputs()
@@ -291,8 +310,8 @@ def _fwd(**overrides):
     (dict(alibi_slopes=torch.ones(4)), "alibi_slopes must be None"),
     (dict(block_table=torch.zeros(2, 1, dtype=torch.int32)), "block_table must be None"),
     (dict(num_splits=2), "num_splits must be None, 0 or 1"),
-    (dict(window_size_left=16), "window_size_left must be None or -1"),
-    (dict(window_size_right=16), "window_size_right must be None or -1"),
+    (dict(window_size_left=-2), r"window_size_left must be None, -1 \(unbounded\) or >= 0, got -2"),
+    (dict(window_size_right=-5), r"window_size_right must be None, -1 \(unbounded\) or >= 0, got -5"),
     (dict(seqused_k=torch.ones(2, dtype=torch.int32)), "seqused_k must be None"),
     (dict(cum_seq_q=torch.zeros(3, dtype=torch.int32)), "cum_seq_q and cum_seq_k must both be None"),
     (dict(scale=float("inf")), "softmax_scale must be finite"),
@@ -350,9 +369,9 @@ def test_backwards_refuse():
     q, k, v, out, dout = (t.transpose(1, 2) for t in (q, k, v, out, dout))
     with pytest.raises(ValueError, match=flash_bwd + "dropout_p must be 0.0"):
         tf.flash_attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.1, False, seed, offset)
-    with pytest.raises(ValueError, match=flash_bwd + "window_size_left must be None or -1"):
+    with pytest.raises(ValueError, match=flash_bwd + "window_size_left must be None, -1"):
         tf.flash_attention_backward(dout, q, k, v, out, lse, None, None, 0, 0, 0.0, False, seed, offset,
-                                    window_size_left=8)
+                                    window_size_left=-8)
 
 
 def test_inplace_forward_refuses_a_mismatched_out():
@@ -377,9 +396,9 @@ def backward_calls(monkeypatch):
     calls = []
     real = tf.ops.backward_into
 
-    def spy(*args):
+    def spy(*args, **features):
         calls.append(args[-3:])
-        return real(*args)
+        return real(*args, **features)
 
     monkeypatch.setattr(tf.ops, "backward_into", spy)
     return calls
@@ -568,6 +587,20 @@ def test_varlen_attn_through_the_dispatcher_and_autograd(cpu_kernels, window_siz
     torch.testing.assert_close(out, ref_out, atol=1e-12, rtol=1e-12)
     torch.testing.assert_close(lse, ref_lse)
     for g, e in zip(grads, ref_grads):
+        torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
+
+
+def test_varlen_attn_sliding_window_through_the_dispatcher(cpu_kernels):
+    """varlen_attn(window_size=(8, 0)): a band per sequence (bottom-right aligned), forward and backward."""
+    pack, cu_q, cu_k, max_q, max_k = ragged()
+    dout = torch.randn(pack.q.shape, dtype=pack.q.dtype)
+    out = varlen_attn(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k, window_size=(8, 0), enable_gqa=True)
+    grads = torch.autograd.grad(out, (pack.q, pack.k, pack.v), dout)
+    ref = flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k, window_size=(8, 0))
+    torch.testing.assert_close(out, ref, atol=1e-12, rtol=1e-12)
+    assert not torch.allclose(out, flash_attn_varlen_func(pack.q, pack.k, pack.v, cu_q, cu_k, max_q, max_k,
+                                                          causal=True))
+    for g, e in zip(grads, torch.autograd.grad(ref, (pack.q, pack.k, pack.v), dout)):
         torch.testing.assert_close(g, e, atol=1e-12, rtol=1e-12)
 
 

@@ -9,8 +9,10 @@ puts torch's own kernels back.
 The aten ops carry no determinism flag and no schedule: backwards follow torch's switch
 (``torch.use_deterministic_algorithms``) and the orders set with :func:`set_schedule`; the SMs left free follow torch's
 SM carveout (``torch._C._set_sm_carveout_experimental``), as torch's own FA3 hook does. Every argument our kernels do
-not implement (dropout, the debug mask, ALiBi, sliding windows, paged KV, split-KV, head dims without kernels) raises
-an error naming it, never a result computed some other way.
+not implement (dropout, the debug mask, ALiBi, paged KV, split-KV, head dims without kernels) raises an error naming
+it, never a result computed some other way. Sliding windows (``window_size_left``/``window_size_right``) take
+:func:`flash_attn_dash.flash_attn_func`'s path: a window that is the full or causal mask runs those kernels, a band
+raises the ops' NotImplementedError on CUDA tensors (no kernel yet) and runs the reference on CPU tensors.
 """
 from __future__ import annotations
 
@@ -186,16 +188,17 @@ def _check_forward_options(dropout_p: float, return_debug_mask: bool, alibi_slop
                          f"got {num_splits}")
 
 
-def _is_causal(is_causal: bool, window_size_left: int | None, window_size_right: int | None) -> bool:
-    """The mask the aten arguments describe. FlashAttention's window (-1, 0) is the causal mask (varlen_attn passes
-    it for window_size=(-1, 0)); other windows are sliding windows, which we do not implement."""
-    if window_size_left not in (None, -1):
-        raise ValueError(f"window_size_left must be None or -1 (no sliding window: flash_attn_dash has full and "
-                         f"causal masks), got {window_size_left}")
-    if window_size_right not in (None, -1, 0):
-        raise ValueError(f"window_size_right must be None or -1 (no sliding window), or 0 (the causal mask), got "
-                         f"{window_size_right}")
-    return is_causal or window_size_right == 0
+def _mask(is_causal: bool, window_size_left: int | None,
+          window_size_right: int | None) -> tuple[bool, tuple[int, int]]:
+    """``(causal, window_size)`` of the aten arguments, FlashAttention's semantics (None = -1 = unbounded side).
+    ``right == 0`` hides the keys after the diagonal, so it sets ``causal``: the window (-1, 0) that varlen_attn
+    passes for its causal mask runs as the causal mask, and the backward's order is the causal mask's
+    (:func:`get_schedule`)."""
+    left, right = (-1 if side is None else side for side in (window_size_left, window_size_right))
+    for name, side in (("window_size_left", left), ("window_size_right", right)):
+        if side < -1:
+            raise ValueError(f"{name} must be None, -1 (unbounded) or >= 0, got {side}")
+    return is_causal or right == 0, (left, right)
 
 
 def _is_ragged(cum_seq_q: torch.Tensor | None, cum_seq_k: torch.Tensor | None) -> bool:
@@ -301,26 +304,26 @@ def _no_debug_mask(query: torch.Tensor) -> torch.Tensor:
 
 
 def _dense_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, scale: float | None,
-                   causal: bool) -> torch.Tensor:
+                   causal: bool, window: tuple[int, int] = (-1, -1)) -> torch.Tensor:
     """Forward of (batch, seqlen, heads, head_dim) tensors in kernel layout into ``out``; returns lse (batch, heads,
     seqlen_q) fp32."""
     shape = checks.check_tensors(q, k, v, names=_NAMES)
     scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
     lse = torch.empty((shape.batch, shape.heads, shape.seqlen_q), dtype=torch.float32, device=q.device)
-    ops.forward_into(q, k, v, out, lse, scale, causal, sm_margin)
+    ops.forward_into(q, k, v, out, lse, scale, causal, sm_margin, window_size=window)
     return lse
 
 
 def _dense_backward(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
                     lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, scale: float | None,
-                    causal: bool) -> None:
+                    causal: bool, window: tuple[int, int] = (-1, -1)) -> None:
     """Backward of (batch, seqlen, heads, head_dim) tensors in kernel layout into ``dq``/``dk``/``dv``;
     deterministic when torch's switch is on, in the order :func:`get_schedule` gives."""
     shape = checks.check_tensors(q, k, v, names=_NAMES)
     _check_lse(lse, (shape.batch, shape.heads, shape.seqlen_q))
     scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
     ops.backward_into(dout, q, k, v, out, lse.contiguous(), dq, dk, dv, scale, causal,
-                      checks.resolve_deterministic(None), get_schedule(causal), sm_margin)
+                      checks.resolve_deterministic(None), get_schedule(causal), sm_margin, window_size=window)
 
 
 # Our varlen checks name flash_attn_varlen_func's arguments; an aten caller passed aten's.
@@ -348,7 +351,7 @@ def _check_ragged(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cum_seq_q: 
 
 def _flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, cum_seq_q: torch.Tensor | None,
                    cum_seq_k: torch.Tensor | None, max_q: int, max_k: int, out: torch.Tensor | None,
-                   scale: float | None, causal: bool,
+                   scale: float | None, causal: bool, window: tuple[int, int],
                    seqused_k: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``_flash_attention_forward``'s two cases, into ``out`` or a new tensor laid out like query; returns (out,
     lse): dense (batch, seqlen, heads, head_dim) tensors through the dense kernels, lse (batch, heads, seqlen_q);
@@ -359,13 +362,13 @@ def _flash_forward(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, 
         scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
         with _aten_argument_names():  # the values of cum_seq_* are checked where the op reads them
             result, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, cum_seq_q, cum_seq_k, max_q, max_k, None,
-                                                               seqused_k, scale, causal, sm_margin)
+                                                               seqused_k, scale, causal, sm_margin, *window)
         return _returned_like(result, query, out), lse
     if seqused_k is not None:
         raise ValueError("seqused_k must be None with dense (batch, seqlen, heads, head_dim) inputs (flash_attn_dash "
                          "has no per-sequence key counts there), got a tensor")
     result, target = _output(query, out)
-    lse = _dense_forward(q, k, v, target, scale, causal)
+    lse = _dense_forward(q, k, v, target, scale, causal, window)
     return _finish(result, target), lse
 
 
@@ -461,8 +464,9 @@ def flash_attention_forward(
     total_q) ragged, rng_state, unused, debug_attn_mask = empty).
     """
     _check_forward_options(dropout_p, return_debug_mask, alibi_slopes, block_table, num_splits)
-    causal = _is_causal(is_causal, window_size_left, window_size_right)
-    out, lse = _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, causal, seqused_k)
+    causal, window = _mask(is_causal, window_size_left, window_size_right)
+    out, lse = _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, None, scale, causal, window,
+                              seqused_k)
     return (out, lse, *_rng_placeholders(query.device), _no_debug_mask(query))
 
 
@@ -491,9 +495,10 @@ def flash_attention_forward_no_dropout_inplace(
     """``aten::_flash_attention_forward_no_dropout_inplace`` (``varlen_attn_out``): :func:`flash_attention_forward`
     writing into ``out`` (shaped like query, any strides); returns logsumexp."""
     _check_forward_options(dropout_p, return_debug_mask, alibi_slopes, block_table, num_splits)
-    causal = _is_causal(is_causal, window_size_left, window_size_right)
+    causal, window = _mask(is_causal, window_size_left, window_size_right)
     _check_like(query, "query", out=out)
-    return _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, out, scale, causal, seqused_k)[1]
+    return _flash_forward(query, key, value, cum_seq_q, cum_seq_k, max_q, max_k, out, scale, causal, window,
+                          seqused_k)[1]
 
 
 @_implements("_flash_attention_backward")
@@ -520,7 +525,7 @@ def flash_attention_backward(
     """``aten::_flash_attention_backward``: (grad_query, grad_key, grad_value) laid out like the inputs, dense or
     ragged as the forward; bitwise reproducible when ``torch.are_deterministic_algorithms_enabled()``."""
     _check_dropout(dropout_p)
-    causal = _is_causal(is_causal, window_size_left, window_size_right)
+    causal, window = _mask(is_causal, window_size_left, window_size_right)
     _check_like(query, "query", grad_out=grad_out, out=out)
     dout, q, k, v, o = (_in_kernel_layout(t) for t in (grad_out, query, key, value, out))
     if _is_ragged(cum_seq_q, cum_seq_k):
@@ -533,8 +538,9 @@ def flash_attention_backward(
         with _aten_argument_names():
             varlen_ops.varlen_backward_into(dout, q, k, v, o, logsumexp.contiguous(), *(t for _, t in grads),
                                             cum_seq_q, cum_seq_k, max_q, max_k, None, None, scale, causal,
-                                            checks.resolve_deterministic(None), get_schedule(causal), sm_margin)
+                                            checks.resolve_deterministic(None), get_schedule(causal), sm_margin,
+                                            window_size=window)
         return tuple(_finish(*g) for g in grads)
     grads = [_output(t) for t in (query, key, value)]
-    _dense_backward(dout, q, k, v, o, logsumexp, *(target for _, target in grads), scale, causal)
+    _dense_backward(dout, q, k, v, o, logsumexp, *(target for _, target in grads), scale, causal, window)
     return tuple(_finish(*g) for g in grads)
