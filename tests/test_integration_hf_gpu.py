@@ -44,12 +44,13 @@ def _case(case: str) -> dict[str, Any]:
 
 def _step(model: torch.nn.Module, embeds: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Logits and every gradient (weights and input embeddings) of one forward + backward. inputs_embeds keeps the
-    embedding lookup's scatter-add backward, not deterministic on CUDA, out of the comparison."""
+    embedding lookup's scatter-add backward, not deterministic on CUDA, out of the comparison (so the embedding
+    table, unused, has no gradient and is left out)."""
     model.zero_grad(set_to_none=True)
     embeds = embeds.detach().requires_grad_()
     logits = model(inputs_embeds=embeds, use_cache=False, **kwargs).logits
     logits.float().square().mean().backward()
-    return logits.detach(), [embeds.grad] + [p.grad for p in model.parameters()]
+    return logits.detach(), [embeds.grad] + [p.grad for name, p in model.named_parameters() if "embed_tokens" not in name]
 
 
 def _embeds() -> torch.Tensor:
