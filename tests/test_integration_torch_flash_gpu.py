@@ -5,6 +5,8 @@ tensors, forward and backward (deterministic through torch's switch: same kernel
 torch.compile, and varlen_attn the bits of flash_attn_varlen_func; restore_flash_attention_impl() must hand the ops
 back to torch's kernels.
 """
+import inspect
+
 import pytest
 import torch
 import torch.nn.attention as attention
@@ -114,10 +116,13 @@ def _varlen_pack(heads, heads_k, d, seed):
 @pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0)], ids=["full", "causal"])
 @pytest.mark.parametrize("heads,heads_k,d", [(8, 8, 128), (6, 2, 64)])
 def test_varlen_attn_gives_flash_attn_varlen_func_bits(heads, heads_k, d, window_size):
+    gqa = {"enable_gqa": True} if heads != heads_k else {}
+    if gqa and "enable_gqa" not in inspect.signature(varlen_attn).parameters:
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_pack(heads, heads_k, d, seed=d)
     dout = torch.randn_like(q)
-    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, enable_gqa=heads != heads_k,
-                           return_aux=AuxRequest(lse=True))
+    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size,
+                           return_aux=AuxRequest(lse=True), **gqa)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref, ref_lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, causal=window_size == (-1, 0),
