@@ -1,18 +1,21 @@
 """flash_attn_dash as a transformers attn_implementation, on the CPU reference path.
 
 Tiny random-init models built from configs (no downloads), in fp64, against the same weights under transformers'
-sdpa (eager for Gemma2, which has no sdpa path): logits and gradients, with and without padding, packed
-position_ids and explicit cu_seq_lens. A spy on the module's references to flash_attn_func / flash_attn_varlen_func
-shows which path ran and with which settings.
+sdpa (eager for Gemma2 and gpt-oss, which have no sdpa path): logits and gradients, with and without padding, packed
+position_ids and explicit cu_seq_lens, also with sliding windows that mask keys, Gemma2's softcap and gpt-oss's
+sinks. A spy on the module's references to flash_attn_func / flash_attn_varlen_func shows which path ran and with
+which settings and features.
 """
 from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
@@ -28,18 +31,35 @@ COMMON = dict(vocab_size=101, hidden_size=64, intermediate_size=96, num_hidden_l
               num_key_value_heads=2, head_dim=16, initializer_range=0.2, max_position_embeddings=128, pad_token_id=0)
 
 
+# Shorter than the test sequences and than the packed documents of 5 and 6 tokens: the window masks keys.
+WINDOW = 4
+# One sliding-window layer and one full one (Gemma2 and gpt-oss alternate them by default; Mistral's are all sliding).
+ALTERNATING = ["sliding_attention", "full_attention"]
+
+
 def _configs() -> dict[str, tuple[Any, str]]:
-    """Each model family's tiny config and the transformers implementation it is compared with. Windows cover the
-    test sequences (so they mask nothing); Gemma2/3 scale by query_pre_attn_scalar, not head_dim."""
+    """Each model family's tiny config and the transformers implementation it is compared with. Windows of
+    ``2 * SEQ`` cover the test sequences (they mask nothing), ``WINDOW`` masks keys; Gemma2/3 scale by
+    query_pre_attn_scalar, not head_dim; gpt-oss's experts run eagerly (its grouped-mm experts take no fp64)."""
     t = transformers
     return {
         "llama": (t.LlamaConfig(**COMMON), "sdpa"),
         "qwen2": (t.Qwen2Config(**COMMON), "sdpa"),
         "mistral": (t.MistralConfig(**COMMON, sliding_window=None), "sdpa"),
+        "mistral-window": (t.MistralConfig(**COMMON, sliding_window=WINDOW), "sdpa"),
         "gemma": (t.GemmaConfig(**COMMON), "sdpa"),
         "gemma2": (t.Gemma2Config(**COMMON, attn_logit_softcapping=None, sliding_window=2 * SEQ,
                                   query_pre_attn_scalar=32), "eager"),
+        "gemma2-window": (t.Gemma2Config(**COMMON, attn_logit_softcapping=None, sliding_window=WINDOW,
+                                         layer_types=ALTERNATING, query_pre_attn_scalar=32), "eager"),
+        "gemma2-softcap": (t.Gemma2Config(**COMMON, attn_logit_softcapping=50.0, sliding_window=2 * SEQ,
+                                          query_pre_attn_scalar=32), "eager"),
         "gemma3": (t.Gemma3TextConfig(**COMMON, sliding_window=2 * SEQ, query_pre_attn_scalar=32), "sdpa"),
+        "gemma3-window": (t.Gemma3TextConfig(**COMMON, sliding_window=WINDOW, layer_types=ALTERNATING,
+                                             query_pre_attn_scalar=32), "sdpa"),
+        "gpt-oss": (t.GptOssConfig(**{**COMMON, "intermediate_size": 64}, num_local_experts=4, num_experts_per_tok=2,
+                                   sliding_window=WINDOW, layer_types=ALTERNATING, experts_implementation="eager"),
+                    "eager"),
     }
 
 
@@ -100,12 +120,14 @@ def _ids(batch: int = 2, seqlen: int = SEQ, seed: int = 1) -> torch.Tensor:
 
 
 def _padding(side: str) -> torch.Tensor:
-    """Rows with 3 and 0 padded tokens (left) or 0 and 4 (right): unequal lengths, one row unpadded."""
+    """Rows with 3 and 0 padded tokens (left) or 0 and 3 (right): unequal lengths, one row unpadded. Fewer than
+    WINDOW on the right, so every padded query sees a real key: eager's fp32 softmax of an fp64 model turns a row of
+    masked keys into NaN (Gemma2), which its gradients would carry."""
     mask = torch.ones(2, SEQ, dtype=torch.long)
     if side == "left":
         mask[0, :3] = 0
     else:
-        mask[1, SEQ - 4:] = 0
+        mask[1, SEQ - 3:] = 0
     return mask
 
 
@@ -113,6 +135,27 @@ def _padding(side: str) -> torch.Tensor:
 # is not the previous one + 1, not only at 0).
 PACKED = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2, 3, 4, 0, 1],
                        [0, 1, 2, 3, 4, 5, 3, 4, 5, 6, 7, 8]])
+
+
+def _reference_packing(model: torch.nn.Module, position_ids: torch.Tensor) -> dict[str, Any]:
+    """The kwargs that run packed ``position_ids`` on a reference model. gpt-oss builds its masks without
+    position_ids, so its eager path runs the documents as one sequence (its flash path, like ours, splits them); it
+    gets the masks the other models build, as eager's additive masks per layer type: causal within each document,
+    and within its sliding window on the sliding layers."""
+    if model.config.model_type != "gpt_oss":
+        return {"position_ids": position_ids}
+    starts = torch.ones_like(position_ids, dtype=torch.bool)
+    starts[:, 1:] = position_ids[:, 1:] != position_ids[:, :-1] + 1
+    document = starts.cumsum(dim=1)
+    pos, key = torch.arange(position_ids.shape[1])[:, None], torch.arange(position_ids.shape[1])[None, :]
+    full = (document[:, :, None] == document[:, None, :]) & (key <= pos)
+    sliding = full & (key > pos - model.config.sliding_window)
+
+    def additive(seen: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(seen.shape, dtype=torch.float64).masked_fill(~seen, torch.finfo(torch.float64).min)[:, None]
+
+    return {"position_ids": position_ids,
+            "attention_mask": {"full_attention": additive(full), "sliding_attention": additive(sliding)}}
 
 
 def _logits(model: torch.nn.Module, ids: torch.Tensor, **kwargs: Any) -> torch.Tensor:
@@ -169,7 +212,8 @@ def test_packed_position_ids_match_reference_and_separate_documents(kind, calls)
     ref, ours, impl = _pair(kind)
     ids = _ids()
     packed = _logits(ours, ids, position_ids=PACKED)
-    torch.testing.assert_close(packed, _logits(ref, ids, position_ids=PACKED), atol=ATOL[impl], rtol=0)
+    torch.testing.assert_close(packed, _logits(ref, ids, **_reference_packing(ref, PACKED)), atol=ATOL[impl],
+                               rtol=0)
     assert [c.path for c in calls] == ["varlen"] * COMMON["num_hidden_layers"]
     # One varlen call over both rows: documents never straddle a row.
     assert calls[0].args[3].tolist() == [0, 3, 5, 10, 12, 18, 24]
@@ -186,7 +230,7 @@ def test_explicit_cu_seq_lens_match_packed_position_ids(kind, calls):
     offsets allowed, max lengths as ints, as 0-d tensors, or left out."""
     ref, ours, impl = _pair(kind)
     ids, positions = _ids().view(1, -1), PACKED.reshape(1, -1)
-    expected = _logits(ref, ids, position_ids=positions)
+    expected = _logits(ref, ids, **_reference_packing(ref, positions))
     cu = torch.tensor([0, 3, 5, 10, 12, 18, 24])
     for lengths in ({"max_length_q": 6, "max_length_k": 6},
                     {"max_length_q": torch.tensor(6), "max_length_k": torch.tensor(6)}, {}):
@@ -216,16 +260,17 @@ def test_batches_of_data_collator_with_flattening_run_packed(calls):
 def test_gradients_flow_to_the_weights_and_match(kind, case):
     ref, ours, impl = _pair(kind)
     ids = _ids()
-    kwargs: dict[str, Any] = {}
+    ours_kwargs: dict[str, Any] = {}
+    ref_kwargs: dict[str, Any] = {}
     labels = ids.clone()
     if case == "padding":
         mask = _padding("right")
-        kwargs["attention_mask"] = mask
+        ours_kwargs = ref_kwargs = {"attention_mask": mask}
         labels[mask == 0] = -100
     elif case == "packed":
-        kwargs["position_ids"] = PACKED
-    for model in (ref, ours):
-        model(ids, labels=labels, use_cache=False, **kwargs).loss.backward()
+        ours_kwargs, ref_kwargs = {"position_ids": PACKED}, _reference_packing(ref, PACKED)
+    ref(ids, labels=labels, use_cache=False, **ref_kwargs).loss.backward()
+    ours(ids, labels=labels, use_cache=False, **ours_kwargs).loss.backward()
     got, want = _grads(ours), _grads(ref)
     assert got.keys() == want.keys()
     for name, grad in want.items():
@@ -233,12 +278,16 @@ def test_gradients_flow_to_the_weights_and_match(kind, case):
     for layer in range(COMMON["num_hidden_layers"]):
         for proj in ("q_proj", "k_proj", "v_proj"):
             assert got[f"model.layers.{layer}.self_attn.{proj}.weight"].abs().sum() > 0
+        if kind == "gpt-oss":  # the sinks' gradient comes back through learnable_sink
+            assert got[f"model.layers.{layer}.self_attn.sinks"].abs().sum() > 0
 
 
-def test_bidirectional_gemma3_runs_non_causal(calls):
+@pytest.mark.parametrize("window", [WINDOW, 4 * SEQ])
+def test_bidirectional_gemma3_runs_non_causal(window, calls):
     """Gemma3's use_bidirectional_attention: non-causal layers, whose mask transformers builds with an overlay; the
-    overlay is checked to be the full pattern with key padding."""
-    ref, ours, impl = _pair("gemma3", use_bidirectional_attention=True, sliding_window=4 * SEQ)
+    overlay is checked to be the full pattern with key padding, on the sliding layer within its window (as many
+    tokens ahead as behind)."""
+    ref, ours, impl = _pair("gemma3-window", use_bidirectional_attention=True, sliding_window=window)
     assert not ours.model.layers[0].self_attn.is_causal
     ids, mask = _ids(), _padding("left")
     torch.testing.assert_close(_logits(ours, ids), _logits(ref, ids), atol=ATOL[impl], rtol=0)
@@ -246,6 +295,8 @@ def test_bidirectional_gemma3_runs_non_causal(calls):
     torch.testing.assert_close(_logits(ours, ids, attention_mask=mask)[real],
                                _logits(ref, ids, attention_mask=mask)[real], atol=ATOL[impl], rtol=0)
     assert calls and all(c.kwargs["causal"] is False for c in calls)
+    sliding = (window - 1, window - 1) if window < SEQ else (-1, -1)
+    assert [c.kwargs["window_size"] for c in calls[-2:]] == [sliding, (-1, -1)]
 
 
 @pytest.mark.parametrize("kind", ["gemma2", "gemma3"])
@@ -267,9 +318,11 @@ def test_from_config_with_the_name_equals_set_attn_implementation():
                                _logits(ours, ids, attention_mask=_padding("left")), atol=0, rtol=0)
 
 
-def test_left_padded_greedy_generation_matches_sdpa():
-    """The cache path: a padded prefill, then one query per step against the cached keys."""
-    ref, ours, _ = _pair("llama")
+@pytest.mark.parametrize("kind", ["llama", "mistral-window"])
+def test_left_padded_greedy_generation_matches_sdpa(kind):
+    """The cache path: a padded prefill, then one query per step against the cached keys (for Mistral the sliding
+    cache's last WINDOW - 1 keys and the query, after a prefill the window masks)."""
+    ref, ours, _ = _pair(kind)
     ids, mask = _ids(), _padding("left")
     ids[mask == 0] = COMMON["pad_token_id"]
     kwargs = dict(attention_mask=mask, max_new_tokens=6, do_sample=False)
@@ -398,39 +451,160 @@ def test_transformers_refuses_custom_names_with_flash(scratch_registry):
         ours.set_attn_implementation("flash_custom")
 
 
-# Features the kernels do not have yet.
+# Sliding windows, softcap and sinks.
 
-def test_sliding_window_that_masks_keys_raises_and_a_covering_one_runs():
-    ref, ours, impl = _pair("mistral", sliding_window=SEQ)
+def _without(kind: str, feature: str) -> torch.nn.Module:
+    """The reference model of ``kind`` with one feature taken away (same weights)."""
+    if feature != "sinks":
+        return _pair(kind, **{feature: {"sliding_window": 2 * SEQ, "attn_logit_softcapping": None}[feature]})[0]
+    ref, _, _ = _pair(kind)
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.fill_(-torch.inf)  # a sink of -inf is no sink
+    return ref
+
+
+@pytest.mark.parametrize("kind, feature", [("mistral-window", "sliding_window"), ("gemma2-window", "sliding_window"),
+                                           ("gemma3-window", "sliding_window"), ("gpt-oss", "sliding_window"),
+                                           ("gemma2-softcap", "attn_logit_softcapping"), ("gpt-oss", "sinks")])
+def test_each_feature_moves_the_reference_logits(kind, feature):
+    """So the comparisons above fail if a feature is dropped: without it the reference's logits move by far more
+    than the tolerance, also when padded and packed (the documents of 5 and 6 tokens outgrow the window)."""
+    ref, _, impl = _pair(kind)
+    without = _without(kind, feature)
+    ids, mask = _ids(), _padding("right")
+    for case in ("dense", "padding", "packed"):
+        logits = []
+        for model in (ref, without):
+            kwargs = {"dense": {}, "padding": {"attention_mask": mask},
+                      "packed": _reference_packing(model, PACKED)}[case]
+            logits.append(_logits(model, ids, **kwargs)[mask.bool() if case == "padding" else slice(None)])
+        moved = (logits[0] - logits[1]).abs().max()
+        assert moved > 100 * ATOL[impl], (case, moved)
+
+
+def test_features_reach_the_calls(calls):
+    _, ours, _ = _pair("gpt-oss")
+    ours(_ids(), attention_mask=_padding("left"), use_cache=False)
+    layers = ours.model.layers
+    # The sliding layer's window in FlashAttention's terms (right side dropped by causal); none on the full layer.
+    assert [c.kwargs["window_size"] for c in calls] == [(WINDOW - 1, WINDOW - 1), (-1, -1)]
+    assert all(c.kwargs["causal"] is True and c.kwargs["softcap"] == 0.0 for c in calls)
+    # The sinks parameters themselves (no copy, so autograd reaches them), in their own dtype.
+    assert all(c.kwargs["learnable_sink"] is layer.self_attn.sinks for c, layer in zip(calls, layers))
+    calls.clear()
+    _, ours, _ = _pair("gemma2-softcap")
+    ours(_ids(), use_cache=False)
+    assert [(c.kwargs["softcap"], c.kwargs["learnable_sink"]) for c in calls] == [(50.0, None), (50.0, None)]
+
+
+@pytest.mark.parametrize("window", [1, SEQ - 1, SEQ, SEQ + 3])
+def test_window_off_by_one_matches_sdpa(window, calls):
+    """sliding_window=SEQ - 1 hides key 0 from the last query only (each query sees itself and window - 1 tokens
+    before it); a window of at least SEQ hides nothing and runs as the plain causal call."""
+    ref, ours, impl = _pair("mistral-window", sliding_window=window)
     ids = _ids()
-    torch.testing.assert_close(_logits(ours, ids), _logits(ref, ids), atol=ATOL[impl], rtol=0)
-    _, ours, _ = _pair("mistral", sliding_window=SEQ - 1)
-    with pytest.raises(NotImplementedError, match="config.sliding_window.*not yet supported"):
-        ours(ids)
+    want = _logits(ref, ids)
+    torch.testing.assert_close(_logits(ours, ids), want, atol=ATOL[impl], rtol=0)
+    masks = window < SEQ
+    assert calls[0].kwargs["window_size"] == ((window - 1, window - 1) if masks else (-1, -1))
+    moved = (want - _logits(_pair("mistral")[0], ids)).abs().max()
+    assert (moved > 100 * ATOL[impl]) if masks else (moved == 0)
 
 
-def test_sliding_window_checked_in_the_attention_call():
-    q = torch.randn(1, 4, SEQ, 16, dtype=torch.float64)
-    k = torch.randn(1, 2, SEQ, 16, dtype=torch.float64)
+@pytest.mark.parametrize("q_len", [SEQ, 3])
+@pytest.mark.parametrize("causal", [True, False])
+@pytest.mark.parametrize("window", [1, 2, 5, SEQ - 1, SEQ, SEQ + 3])
+def test_sliding_window_in_the_attention_call_is_transformers_mask(window, causal, q_len):
+    """Against torch's sdpa with transformers' window masks: causal layers see kv > q - window (its sliding-window
+    causal mask), non-causal ones |q - kv| < window (Gemma3's bidirectional sliding layers; the flash path's
+    symmetric window); q_len < SEQ are the last queries of a cache."""
+    generator = torch.Generator().manual_seed(window)
+    q = torch.randn(2, 4, q_len, 16, dtype=torch.float64, generator=generator)
+    k, v = (torch.randn(2, 2, SEQ, 16, dtype=torch.float64, generator=generator) for _ in range(2))
+    layer = torch.nn.Module()
+    layer.is_causal = causal
+    out, weights = hf.attention_forward(layer, q, k, v, None, sliding_window=window)
+    pos, key = torch.arange(SEQ - q_len, SEQ)[:, None], torch.arange(SEQ)[None, :]
+    seen = (key > pos - window) & ((key <= pos) if causal else (key < pos + window))
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=seen, enable_gqa=True)
+    torch.testing.assert_close(out, want.transpose(1, 2), atol=1e-12, rtol=0)
+    assert weights is None
+
+
+def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_that_mask_nothing_run():
+    """Fake CUDA tensors (metadata only, no GPU): a window that masks keys, a softcap and a sink raise the kernels'
+    NotImplementedError from the call, naming the argument; a window that masks nothing at the length, or in any
+    packed document though the pack is longer, runs as the plain call."""
     layer = torch.nn.Module()
     layer.is_causal = True
-    out, weights = hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ)
-    assert out.shape == (1, SEQ, 4, 16) and weights is None
-    with pytest.raises(NotImplementedError, match=f"sliding_window={SEQ - 1} is not yet supported"):
-        hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ - 1)
+    with FakeTensorMode():
+        q = torch.empty(1, 4, SEQ, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(1, 2, SEQ, 64, dtype=torch.bfloat16, device="cuda")
+        for kwargs, match in (({"sliding_window": SEQ - 1}, r"window_size=\(10, 10\) is a sliding window"),
+                              ({"softcap": 50.0}, r"softcap=50.0 \(only 0.0 runs there\)"),
+                              ({"s_aux": torch.empty(4, dtype=torch.bfloat16, device="cuda")},
+                               r"learnable_sink \(only None runs there\)")):
+            with pytest.raises(NotImplementedError, match="the sm90 kernels do not support " + match):
+                hf.attention_forward(layer, q, k, k, None, **kwargs)
+        assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ)[0].shape == (1, SEQ, 4, 64)
+        cu = torch.tensor([0, 6, SEQ], device="cuda")
+        out, _ = hf.attention_forward(layer, q, k, k, None, sliding_window=6, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                      max_length_q=6, max_length_k=6)
+        assert out.is_cuda and out.shape == (1, SEQ, 4, 64)
+        with pytest.raises(NotImplementedError, match=r"window_size=\(4, 4\) is a sliding window"):
+            hf.attention_forward(layer, q, k, k, None, sliding_window=5, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                 max_length_q=6, max_length_k=6)
 
 
-def test_softcap_raises():
-    _, ours, _ = _pair("gemma2", attn_logit_softcapping=50.0)
-    with pytest.raises(NotImplementedError, match="softcap=50.0 .*not yet supported"):
-        ours(_ids())
+def test_4d_masks_on_sliding_window_layers_must_be_windowed():
+    """A 4-D mask runs if it is what the call runs: the window over the kept tokens. A causal mask without the
+    window, or a padding hole (a window counted over padded positions that is not one over the kept tokens), raise."""
+    ref, ours, impl = _pair("mistral-window")
+    ids, mask = _ids(), _padding("left")
+    real = mask.bool()
+    pos, key = torch.arange(SEQ)[:, None], torch.arange(SEQ)[None, :]
+    causal = key <= pos
+    windowed = causal & (key > pos - WINDOW)
+    torch.testing.assert_close(_logits(ours, ids, attention_mask=windowed & real[:, None, None, :])[real],
+                               _logits(ref, ids, attention_mask=mask)[real], atol=ATOL[impl], rtol=0)
+    within = r"causal pattern of this layer within its sliding window \(window_size=\(3, 3\)\)"
+    with pytest.raises(ValueError, match=within):
+        _logits(ours, ids, attention_mask=causal & real[:, None, None, :])
+    holed = real.clone()
+    holed[1, 5] = False
+    with pytest.raises(ValueError, match=within):
+        _logits(ours, ids, attention_mask=windowed & holed[:, None, None, :])
+    # Sliding and full layers: one 4-D mask per layer type.
+    ref, ours, impl = _pair("gemma3-window")
+    masks = {"full_attention": causal & real[:, None, None, :], "sliding_attention": windowed & real[:, None, None, :]}
+    torch.testing.assert_close(_logits(ours, ids, attention_mask=masks)[real],
+                               _logits(ref, ids, attention_mask=mask)[real], atol=ATOL[impl], rtol=0)
 
 
-def test_attention_sinks_raise():
-    config = transformers.GptOssConfig(**{**COMMON, "intermediate_size": 64}, num_local_experts=4,
-                                       num_experts_per_tok=2, sliding_window=2 * SEQ)
+def test_padding_mask_runs_sliding_window_layers_and_refuses_chunked_ones():
+    """transformers passes local_size=config.sliding_window for sliding layers and config.attention_chunk_size for
+    chunked ones, which have no mask in the kernels; a size that is neither known window nor chunk is refused."""
+    mask = _padding("left").bool()
+    sliding = SimpleNamespace(sliding_window=4, attention_chunk_size=None)
+    assert torch.equal(hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=mask, local_size=4,
+                                       config=sliding), mask)
+    assert hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=None, local_size=4, config=sliding) is None
+    for config in (SimpleNamespace(attention_chunk_size=4), SimpleNamespace(sliding_window=4, attention_chunk_size=4),
+                   SimpleNamespace(sliding_window=8), None):
+        with pytest.raises(NotImplementedError, match="local_size=4 .*chunked attention.*masks keys at 12 tokens"):
+            hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=mask, local_size=4, config=config)
+    # A chunk that covers the keys masks nothing.
+    assert torch.equal(hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=mask, local_size=SEQ,
+                                       config=SimpleNamespace(attention_chunk_size=SEQ)), mask)
+
+
+def test_chunked_attention_raises_through_the_model():
+    config = transformers.Llama4TextConfig(**COMMON, attention_chunk_size=WINDOW, num_local_experts=2,
+                                           intermediate_size_mlp=96, no_rope_layers=[1, 0])
+    assert config.layer_types == ["chunked_attention", "full_attention"]
     model = AutoModelForCausalLM.from_config(config, attn_implementation=NAME)
-    with pytest.raises(NotImplementedError, match="s_aux .*not yet supported"):
+    with pytest.raises(NotImplementedError, match=f"local_size={WINDOW} .*chunked attention"):
         model(_ids())
 
 
@@ -467,13 +641,6 @@ def test_a_4d_causal_mask_with_padding_runs_as_padding():
                                _logits(ref, ids, attention_mask=mask)[real], atol=ATOL[impl], rtol=0)
     with pytest.raises(ValueError, match="bool"):
         _logits(ours, ids, attention_mask=mask4.double())
-
-
-def test_chunked_local_mask_that_masks_keys_raises():
-    mask = torch.ones(2, SEQ, dtype=torch.bool)
-    assert hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=mask, local_size=SEQ) is None
-    with pytest.raises(NotImplementedError, match="local_size=4"):
-        hf.padding_mask(batch_size=2, kv_length=SEQ, attention_mask=mask, local_size=4)
 
 
 def test_padding_mask_returns_none_without_padding_and_keeps_a_narrower_mask():

@@ -1,6 +1,8 @@
 """flash_attn_dash under transformers on an sm90 GPU: a tiny bf16 Llama's forward + backward gives the same bits
 twice with deterministic=True (dense, padded and packed batches), and its logits are as close to an fp32 reference
-as sdpa's are."""
+as sdpa's are. Features the kernels lack (a window that masks keys, Gemma2's softcap, gpt-oss's sinks) raise
+flash_attn_dash's NotImplementedError through the model; a Mistral window that masks no key runs the plain kernels,
+with the bits of the model without a window."""
 from __future__ import annotations
 
 import copy
@@ -11,7 +13,7 @@ import torch
 
 transformers = pytest.importorskip("transformers", minversion="5.0")
 
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, Gemma2Config, GptOssConfig, LlamaConfig, MistralConfig  # noqa: E402
 
 from flash_attn_dash.integrations import hf  # noqa: E402
 
@@ -22,10 +24,10 @@ CONFIG = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
               num_key_value_heads=2, head_dim=64, max_position_embeddings=1024, initializer_range=0.1)
 
 
-def _model(impl: str) -> torch.nn.Module:
+def _model(impl: str, config: Any = None) -> torch.nn.Module:
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**CONFIG), attn_implementation=impl, dtype=torch.bfloat16)
-    return model.cuda()
+    config = LlamaConfig(**CONFIG) if config is None else config
+    return AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.bfloat16).cuda()
 
 
 def _case(case: str) -> dict[str, Any]:
@@ -42,12 +44,13 @@ def _case(case: str) -> dict[str, Any]:
 
 def _step(model: torch.nn.Module, embeds: torch.Tensor, **kwargs: Any) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """Logits and every gradient (weights and input embeddings) of one forward + backward. inputs_embeds keeps the
-    embedding lookup's scatter-add backward, not deterministic on CUDA, out of the comparison."""
+    embedding lookup's scatter-add backward, not deterministic on CUDA, out of the comparison (so the embedding
+    table, unused, has no gradient and is left out)."""
     model.zero_grad(set_to_none=True)
     embeds = embeds.detach().requires_grad_()
     logits = model(inputs_embeds=embeds, use_cache=False, **kwargs).logits
     logits.float().square().mean().backward()
-    return logits.detach(), [embeds.grad] + [p.grad for p in model.parameters()]
+    return logits.detach(), [embeds.grad] + [p.grad for name, p in model.named_parameters() if "embed_tokens" not in name]
 
 
 def _embeds() -> torch.Tensor:
@@ -77,3 +80,32 @@ def test_logits_as_close_to_fp32_as_sdpa(case):
         ours_err = (ours(inputs_embeds=embeds, use_cache=False, **kwargs).logits[keep].float() - want).abs().max()
         sdpa_err = (sdpa(inputs_embeds=embeds, use_cache=False, **kwargs).logits[keep].float() - want).abs().max()
     assert ours_err <= 2 * sdpa_err + 1e-3, (ours_err, sdpa_err)
+
+
+# Longer than every sequence of the padded and packed batches (at most 347 and 200 tokens) but shorter than SEQ: it
+# reaches flash_attn_dash as window_size=(359, 359), which masks keys only in the dense batch.
+WINDOW = 360
+
+
+@pytest.mark.parametrize("case", ["padding", "packed"])
+def test_a_window_that_masks_no_key_runs_the_plain_kernels(case):
+    impl = hf.register("dash_attention_deterministic", deterministic=True)
+    windowed = _model(impl, MistralConfig(**CONFIG, sliding_window=WINDOW))
+    plain = _model(impl, MistralConfig(**CONFIG, sliding_window=None))
+    embeds, kwargs = _embeds(), _case(case)
+    logits_w, grads_w = _step(windowed, embeds, **kwargs)
+    logits_p, grads_p = _step(plain, embeds, **kwargs)
+    assert torch.equal(logits_w, logits_p)
+    assert all(torch.equal(a, b) for a, b in zip(grads_w, grads_p))
+
+
+@pytest.mark.parametrize("config, match", [
+    (MistralConfig(**CONFIG, sliding_window=WINDOW), r"window_size=\(359, 359\) is a sliding window"),
+    (Gemma2Config(**CONFIG, attn_logit_softcapping=50.0, query_pre_attn_scalar=64), r"softcap=50.0"),
+    (GptOssConfig(**CONFIG, num_local_experts=4, num_experts_per_tok=2, sliding_window=2 * SEQ),
+     r"learnable_sink \(only None runs there\)"),
+], ids=["window", "softcap", "sinks"])
+def test_features_the_kernels_lack_raise_through_the_model(config, match):
+    model = _model(hf.register(), config)
+    with pytest.raises(NotImplementedError, match="the sm90 kernels do not support " + match):
+        model(inputs_embeds=_embeds(), use_cache=False)

@@ -5,22 +5,25 @@ tensors, forward and backward (deterministic through torch's switch: same kernel
 torch.compile, and varlen_attn the bits of flash_attn_varlen_func; restore_flash_attention_impl() must hand the ops
 back to torch's kernels.
 """
+import inspect
+
 import pytest
 import torch
 import torch.nn.attention as attention
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.nn.attention.varlen import AuxRequest, varlen_attn, varlen_attn_out
 from varlen_packs import cu_seqlens
 
 from flash_attn_dash import flash_attn_func, flash_attn_varlen_func
 from flash_attn_dash.integrations import torch_flash
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not hasattr(attention, "register_flash_attention_impl"),
-                       reason=f"torch {torch.__version__} has no flash-attention hook"),
-]
+pytestmark = pytest.mark.gpu
+if not hasattr(attention, "register_flash_attention_impl"):
+    pytest.skip(f"torch {torch.__version__} has no flash-attention hook", allow_module_level=True)
+
+from torch.nn.attention.varlen import AuxRequest, varlen_attn  # noqa: E402
+
+varlen_attn_out = getattr(torch.nn.attention.varlen, "varlen_attn_out", None)
 
 
 @pytest.fixture(autouse=True)
@@ -113,10 +116,13 @@ def _varlen_pack(heads, heads_k, d, seed):
 @pytest.mark.parametrize("window_size", [(-1, -1), (-1, 0)], ids=["full", "causal"])
 @pytest.mark.parametrize("heads,heads_k,d", [(8, 8, 128), (6, 2, 64)])
 def test_varlen_attn_gives_flash_attn_varlen_func_bits(heads, heads_k, d, window_size):
+    gqa = {"enable_gqa": True} if heads != heads_k else {}
+    if gqa and "enable_gqa" not in inspect.signature(varlen_attn).parameters:
+        pytest.skip(f"torch {torch.__version__}'s varlen_attn has no enable_gqa")
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_pack(heads, heads_k, d, seed=d)
     dout = torch.randn_like(q)
-    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size, enable_gqa=heads != heads_k,
-                           return_aux=AuxRequest(lse=True))
+    out, lse = varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=window_size,
+                           return_aux=AuxRequest(lse=True), **gqa)
     grads = torch.autograd.grad(out, (q, k, v), dout)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     ref, ref_lse = flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, causal=window_size == (-1, 0),
@@ -126,6 +132,7 @@ def test_varlen_attn_gives_flash_attn_varlen_func_bits(heads, heads_k, d, window
         assert torch.equal(g, r)
 
 
+@pytest.mark.skipif(varlen_attn_out is None, reason=f"torch {torch.__version__} has no varlen_attn_out")
 def test_varlen_attn_out_writes_the_forward_bits():
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_pack(4, 4, 128, seed=1)
     q, k, v = (t.detach() for t in (q, k, v))

@@ -4,7 +4,9 @@
 its ``AttentionMaskInterface`` under one name (default ``"dash_attention"``), after which
 ``model.set_attn_implementation("dash_attention")`` or ``from_config(..., attn_implementation="dash_attention")``
 runs every attention layer of a model written against the attention interface (Llama, Qwen2, Mistral, Gemma, ...) on
-:func:`flash_attn_dash.flash_attn_func` and :func:`flash_attn_dash.flash_attn_varlen_func`.
+:func:`flash_attn_dash.flash_attn_func` and :func:`flash_attn_dash.flash_attn_varlen_func`. A layer's sliding window,
+softcap (Gemma2) and sinks (gpt-oss) are passed on as ``window_size``, ``softcap`` and ``learnable_sink``: CPU tensors
+run them, CUDA tensors raise the kernels' NotImplementedError for those the kernels lack.
 
 transformers is imported only by :func:`register` (and by the mask function it registers), so this module, like
 the package, imports without it.
@@ -31,6 +33,7 @@ from typing import Any
 import torch
 
 from .. import checks
+from ..features import NO_WINDOW
 from ..interface import flash_attn_func
 from ..launch import check_schedule
 from ..varlen import flash_attn_varlen_func
@@ -106,27 +109,31 @@ def _resolve(call: Settings, config: object, registered: Settings, causal: bool)
     return deterministic, schedule
 
 
-def _reject_unsupported(dropout: float, sliding_window: int | None, softcap: float | None,
-                        s_aux: torch.Tensor | None, position_bias: torch.Tensor | None, q_len: int,
-                        k_len: int) -> None:
+def _reject_unsupported(dropout: float, position_bias: torch.Tensor | None) -> None:
     """Features the kernels lack raise rather than run as something else."""
     if dropout:
         raise NotImplementedError(f"dropout={dropout} (the model's attention dropout in training, e.g. "
                                   "config.attention_dropout) is not yet supported by flash_attn_dash; set it to 0 "
                                   "or train with another attn_implementation")
-    # A window at least as long as every query's reach masks nothing: exact, so it runs.
-    if sliding_window is not None and max(q_len, k_len) > sliding_window:
-        raise NotImplementedError(f"sliding_window={sliding_window} is not yet supported by flash_attn_dash: it "
-                                  f"masks keys at this length ({k_len} keys, {q_len} queries); sequences of at most "
-                                  f"{sliding_window} tokens run, longer ones need another attn_implementation")
-    if softcap is not None:
-        raise NotImplementedError(f"softcap={softcap} (attention logit soft-capping, e.g. Gemma2's "
-                                  "config.attn_logit_softcapping) is not yet supported by flash_attn_dash")
-    if s_aux is not None:
-        raise NotImplementedError("s_aux (attention sinks, e.g. gpt-oss's per-head sinks) is not yet supported by "
-                                  "flash_attn_dash")
     if position_bias is not None:
         raise NotImplementedError("position_bias (an additive attention bias) is not supported by flash_attn_dash")
+
+
+def _window_size(sliding_window: int | None, k_len: int) -> tuple[int, int]:
+    """The ``window_size`` of a layer's ``sliding_window``, as transformers' flash path derives it: the current token
+    and ``sliding_window - 1`` before it (as many after on non-causal layers; ``causal`` drops the right side), and no
+    window unless the keys outnumber it, so a window that cannot mask runs the plain call."""
+    if sliding_window is None or k_len <= sliding_window:
+        return NO_WINDOW
+    return (sliding_window - 1, sliding_window - 1)
+
+
+def _sliding_window_layer(local_size: int, config: object) -> bool:
+    """Whether a mask of ``local_size`` is a sliding-window layer's: transformers passes ``config.sliding_window``
+    there, and ``config.attention_chunk_size`` for chunked attention, which the kernels have no mask for (a size that
+    is both cannot be told apart, so it is not taken for a window)."""
+    return (local_size == getattr(config, "sliding_window", None)
+            and local_size != getattr(config, "attention_chunk_size", None))
 
 
 def _offsets(name: str, cu: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -208,8 +215,14 @@ def attention_forward(
             padding (ValueError otherwise). With a mask the kept tokens are packed, run through
             ``flash_attn_varlen_func`` and scattered back (padded query positions return 0); the queries are the
             last ``seqlen_q`` mask positions, and keys past the mask (a static cache's unused slots) are dropped.
-        dropout, sliding_window, softcap, s_aux, position_bias: features the kernels do not have yet raise
-            NotImplementedError naming them, except a ``sliding_window`` too long to mask anything at this length.
+        dropout, position_bias: raise NotImplementedError naming them (dropout only when > 0).
+        sliding_window: the layer's window, run as ``window_size=(sliding_window - 1, sliding_window - 1)`` (right
+            side 0 on causal layers) when the keys outnumber it, as transformers' flash path does: each query sees
+            itself and the ``sliding_window - 1`` tokens before it, per sequence when padded or packed.
+        softcap: Gemma2's ``attn_logit_softcapping`` (None: off), passed as ``softcap``.
+        s_aux: gpt-oss's per-head sinks, passed as ``learnable_sink`` as they are (their gradient reaches them).
+            On CUDA tensors a window that masks keys, a softcap or a sink raises the kernels' NotImplementedError
+            naming the argument (a window that masks nothing runs the plain kernels).
         scaling: softmax scale (None: head_dim ** -0.5).
         is_causal: overrides ``module.is_causal``.
         position_ids: without a mask or ``cu_seq_lens_*``, rows whose positions break (restart at 0) hold packed
@@ -222,10 +235,15 @@ def attention_forward(
         **kwargs: the model's other keyword arguments (``cache_position``, ...), unused.
     """
     q_len, k_len = query.shape[2], key.shape[2]
-    _reject_unsupported(dropout, sliding_window, softcap, s_aux, position_bias, q_len, k_len)
+    _reject_unsupported(dropout, position_bias)
     causal = module.is_causal if is_causal is None else is_causal
     det, sched = _resolve(Settings(deterministic, schedule), getattr(module, "config", None), registered, causal)
-    options = {"softmax_scale": scaling, "causal": causal, "deterministic": det, "schedule": sched}
+    window = _window_size(sliding_window, k_len)
+    # Sinks go as they are: every dtype a model gives them (its own: bf16/fp16/fp32, fp64 on CPU) is one
+    # flash_attn_dash takes, so no cast stands between the sinks parameter and its gradient.
+    options = {"softmax_scale": scaling, "causal": causal, "window_size": window,
+               "softcap": 0.0 if softcap is None else softcap, "learnable_sink": s_aux, "deterministic": det,
+               "schedule": sched}
     # transformers' (batch, heads, seqlen, head_dim) -> FlashAttention's (batch, seqlen, heads, head_dim): views.
     q, k, v = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
     batch = q.shape[0]
@@ -237,7 +255,7 @@ def attention_forward(
         if cu_seq_lens_q is not None:
             raise ValueError("pass either attention_mask (padding) or cu_seq_lens_q/cu_seq_lens_k (packing), not "
                              "both")
-        keys = attention_mask if attention_mask.dim() == 2 else _key_padding(attention_mask, causal)
+        keys = attention_mask if attention_mask.dim() == 2 else _key_padding(attention_mask, causal, window)
         return _padded(q, k, v, keys, options), None
     if cu_seq_lens_q is not None:
         cu_q, cu_k = _offsets("cu_seq_lens_q", cu_seq_lens_q, q.device), _offsets("cu_seq_lens_k", cu_seq_lens_k,
@@ -253,24 +271,35 @@ def attention_forward(
     return flash_attn_func(q, k, v, **options), None
 
 
-def _key_padding(mask: torch.Tensor, causal: bool) -> torch.Tensor:
-    """The (batch, kv_length) key mask of a 4-D bool mask (batch, 1, seqlen_q, kv_length) that is the causal
-    (bottom-right) or full pattern restricted to some keys; ValueError for any other pattern, which the kernels
-    cannot run. Rows of padding queries are not compared (their outputs are 0)."""
+def _key_padding(mask: torch.Tensor, causal: bool, window: tuple[int, int]) -> torch.Tensor:
+    """The (batch, kv_length) key mask of a 4-D bool mask (batch, 1, seqlen_q, kv_length) that is exactly what the
+    varlen call on its kept keys runs: the layer's causal (bottom-right) or full pattern, within ``window`` counted
+    in kept tokens, restricted to the kept keys; ValueError for any other pattern, which the kernels cannot run. Rows
+    of padding queries are not compared (their outputs are 0)."""
     if mask.dim() != 4 or mask.shape[1] != 1 or mask.dtype != torch.bool:
         raise ValueError("attention_mask must be a (batch, kv_length) padding mask or a bool (batch, 1, seqlen_q, "
                          f"kv_length) mask, got {mask.dim()}-D {mask.dtype} of shape {tuple(mask.shape)}")
     q_len, kv_len = mask.shape[2], mask.shape[3]
     keys = mask[:, 0].any(dim=1)
-    pattern = torch.ones(q_len, kv_len, dtype=torch.bool, device=mask.device)
-    if causal:
-        pattern = pattern.tril(kv_len - q_len)
     real_queries = keys[:, kv_len - q_len:] if q_len <= kv_len else None
-    if real_queries is None or not torch.equal(mask[:, 0][real_queries], (pattern & keys[:, None, :])[real_queries]):
+    if real_queries is not None:
+        # The varlen call sees the kept tokens only: a key's place there is its rank among them, and each query is
+        # the key at its own position (the queries are the last kept tokens).
+        rank = keys.cumsum(dim=1)[:, None, :]
+        own = rank[:, 0, kv_len - q_len:, None]
+        left, right = window[0], 0 if causal else window[1]
+        pattern = keys[:, None, :].expand(-1, q_len, -1)
+        if right >= 0:
+            pattern = pattern & (rank <= own + right)
+        if left >= 0:
+            pattern = pattern & (rank >= own - left)
+    if real_queries is None or not torch.equal(mask[:, 0][real_queries], pattern[real_queries]):
         kind = "causal" if causal else "full (non-causal)"
-        raise ValueError(f"attention_mask (4-D) must be the {kind} pattern of this layer restricted to unpadded keys; "
-                         "other patterns (bidirectional image-token blocks, custom overlays, windows, packed "
-                         "sequences under an overlay) are not supported by flash_attn_dash")
+        within = "" if window == NO_WINDOW else f" within its sliding window (window_size={window})"
+        raise ValueError(f"attention_mask (4-D) must be the {kind} pattern of this layer{within} restricted to "
+                         "unpadded keys; other patterns (bidirectional image-token blocks, custom overlays, windows "
+                         "other than the layer's, packed sequences under an overlay) are not supported by "
+                         "flash_attn_dash")
     return keys
 
 
@@ -311,15 +340,18 @@ def padding_mask(
 
     Masks combined with overlays (``or_mask_function``/``and_mask_function``, which transformers marks with
     ``use_vmap``; e.g. Gemma3's ``use_bidirectional_attention``) are built in full (transformers' ``sdpa_mask``), and
-    :func:`attention_forward` runs them if they are the layer's causal or full pattern with key padding, else raises.
-    Sliding-window or chunked patterns (``local_size``) long enough to mask a key raise NotImplementedError.
-    Bidirectional image-token blocks (``block_sequence_ids``, passed by multimodal wrappers that declare
-    ``_supports_flash_attn = False`` for this reason) never reach this function and are not supported.
+    :func:`attention_forward` runs them if they are the layer's causal or full pattern (within its sliding window)
+    with key padding, else raises. Sliding-window layers (``local_size`` = ``config.sliding_window``) get their
+    padding mask like any other: their window reaches :func:`attention_forward` as ``sliding_window``. Other local
+    patterns (chunked attention, ``local_size`` = ``config.attention_chunk_size``) long enough to mask a key raise
+    NotImplementedError. Bidirectional image-token blocks (``block_sequence_ids``, passed by multimodal wrappers that
+    declare ``_supports_flash_attn = False`` for this reason) never reach this function and are not supported.
     """
-    if local_size is not None and kv_offset + kv_length > local_size:
-        raise NotImplementedError(f"a sliding-window or chunked mask (local_size={local_size}: config.sliding_window "
-                                  "or config.attention_chunk_size) is not yet supported by flash_attn_dash: it masks "
-                                  f"keys at {kv_offset + kv_length} tokens")
+    if (local_size is not None and kv_offset + kv_length > local_size
+            and not _sliding_window_layer(local_size, kwargs.get("config"))):
+        raise NotImplementedError(f"a local attention mask of local_size={local_size} that is not the layer "
+                                  "config's sliding_window (chunked attention: config.attention_chunk_size) is not "
+                                  f"yet supported by flash_attn_dash: it masks keys at {kv_offset + kv_length} tokens")
     if use_vmap:
         from transformers.masking_utils import sdpa_mask
 

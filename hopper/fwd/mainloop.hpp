@@ -319,9 +319,10 @@ struct FwdMainloopSm90 {
                 };
                 if (kPin && first) { finalize_previous(); }
                 pipe_k.consumer_wait(st_k);
-                pipe_v.consumer_wait(st_v);
                 scheduler_sync(wg);
                 wg_gemm<true, -1>(mma_qk, tSrQ(_, _, _, st_q.index()), tSrK(_, _, _, st_k.index()), tSrS);
+                // V is loaded after K: wait for it only once QK^T is on its way.
+                pipe_v.consumer_wait(st_v);
                 wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
                 scheduler_arrive(wg);
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
