@@ -2,7 +2,8 @@
 ``cad-plan`` plans a core-attention-disaggregation batch (:mod:`flash_attn_dash.cad.cli`); ``info`` shows the build.
 
 Example: ``flash-attn-dash plan --seqlen 8192 --hdim 128 --causal --png plan.png``; a sliding window:
-``flash-attn-dash plan --seqlen 8192 --hdim 64 --causal --window 128,-1``.  Defaults follow the DASH benchmark
+``flash-attn-dash plan --seqlen 8192 --hdim 64 --causal --window 128,-1``; a varlen pack sharing one grid:
+``flash-attn-dash plan --seqlens 8192,2048,512,512 --hdim 128 --causal``.  Defaults follow the DASH benchmark
 grid: 16k tokens per batch (``batch = 16384 // seqlen``) and hidden size 2048 (``heads = 2048 // hdim``).
 """
 
@@ -14,14 +15,16 @@ import os
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import NoReturn
 
 from . import __version__, variants
 from .cad import cli as cad_cli
-from .launch import bwd_launch
-from .schedule.auto import Prediction, auto_reason, auto_schedule, model_choice, predict
+from .launch import VARLEN_AUTO, bwd_launch
+from .schedule.auto import Prediction, auto_reason, auto_schedule, model_choice, predict, predict_pack
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
+from .schedule.packs import PackTiles, check_seqlens
 from .schedule.tiles import TileGrid, bwd_tile_shape, check_window_size
 
 _HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
@@ -65,6 +68,24 @@ def _window(text: str) -> tuple[int, int]:
                                          f"{text!r}") from None
 
 
+def _seqlens(text: str) -> tuple[int, ...]:
+    """argparse type: ``L1,L2,...``, one length >= 0 per sequence of the pack."""
+    try:
+        lengths = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        lengths = ()
+    if not lengths or min(lengths) < 0:
+        raise argparse.ArgumentTypeError(f"expected comma-separated lengths >= 0, one per sequence (e.g. "
+                                         f"8192,2048,512), got {text!r}")
+    return lengths
+
+
+def _short(values, limit: int = 8) -> str:
+    """``1,2,3`` or, past ``limit`` values, the first ones and a count."""
+    values = [str(int(v)) for v in values]
+    return ",".join(values) if len(values) <= limit else f"{','.join(values[:limit])},... ({len(values)} in all)"
+
+
 def _png_problem(path: str) -> str | None:
     """Why ``path`` cannot take the chart (None if it can), found before the (possibly slow) simulation."""
     if not path.lower().endswith(".png"):
@@ -99,15 +120,22 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     sub = parser.add_subparsers(dest="command", required=True)
     plan = sub.add_parser("plan", help="predict makespan and bubbles of every backward schedule for one shape",
                           description="Predict the deterministic backward schedules of one shape with the DASH model.")
-    plan.add_argument("--seqlen", type=_positive_int, required=True, help="query sequence length")
+    lengths = plan.add_mutually_exclusive_group(required=True)
+    lengths.add_argument("--seqlen", type=_positive_int, help="query sequence length")
+    lengths.add_argument("--seqlens", type=_seqlens, metavar="L1,L2,...",
+                         help="a varlen pack instead: the query length of every sequence (0 allowed), all sharing one "
+                              "persistent grid; claims go to the sequence with most work first")
     plan.add_argument("--seqlen-k", type=_positive_int, help="key sequence length (default: --seqlen)")
+    plan.add_argument("--seqlens-k", type=_seqlens, metavar="K1,K2,...",
+                      help="with --seqlens: the key length of every sequence (default: --seqlens)")
     plan.add_argument("--hdim", type=int, required=True, choices=_HEAD_DIMS, help="head dimension")
     plan.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned); default full")
     plan.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
                       help="sliding window (FlashAttention's window_size; -1 = unbounded, --causal sets RIGHT=0): "
                            "query i sees keys i + sk - sq - LEFT .. i + sk - sq + RIGHT; write --window=-1,R "
                            "when LEFT is -1")
-    plan.add_argument("--batch", type=_positive_int, help="batch size (default: max(1, 16384 // seqlen))")
+    plan.add_argument("--batch", type=_positive_int,
+                      help="batch size (default: max(1, 16384 // seqlen)); a pack's batch is its sequences")
     plan.add_argument("--heads", type=_positive_int, help="query heads (default: 2048 // hdim)")
     plan.add_argument("--sms", type=_positive_int, default=132, help="SM count (default 132)")
     plan.add_argument("--sm-margin", type=_non_negative_int, default=0, help="SMs left free; grid = sms - margin")
@@ -156,41 +184,53 @@ def _progress(label: str):
     return report
 
 
-def _table(predictions: list[Prediction], pick: str, reason: str, nondet: str | None, header: list[str],
-           unit: str) -> str:
+def _portable_text(plan) -> str:
+    """A pack plan's portability column: ``all``, ``none`` or ``k/B`` of the sequences with work."""
+    flags = [p for p in plan.sequence_portable if p is not None]
+    return "all" if all(flags) else "none" if not any(flags) else f"{sum(flags)}/{len(flags)}"
+
+
+def _table(predictions: list[Prediction], pick: str, reason: str, notes: list[str], header: list[str],
+           unit: str, pack: bool) -> str:
     base = next(p for p in predictions if p.schedule == "ascending").makespan
     lines = header + [f"{'schedule':<16} {'runs as':<16} {'makespan ' + unit:>16} {'idle':>7} {'waits':>7} "
-                      f"{'speedup':>8}"]
+                      f"{'speedup':>8}" + (f" {'portable':>9}" if pack else "")]
     for p in predictions:
         mark = "  <- auto" if p.schedule == pick else ""
+        portable = f" {_portable_text(p.timeline.plan):>9}" if pack else ""
         lines.append(f"{p.schedule:<16} {p.schedule_used:<16} {p.makespan / (1e3 if unit == 'us' else 1):>16.1f} "
-                     f"{p.bubble_fraction:>7.1%} {p.wait_fraction:>7.1%} {base / p.makespan:>7.3f}x{mark}")
+                     f"{p.bubble_fraction:>7.1%} {p.wait_fraction:>7.1%} {base / p.makespan:>7.3f}x{portable}{mark}")
     lines.append(f"auto -> {reason}")
-    lines.append(f"non-deterministic backward walks: {nondet or 'no banded kernel yet'}")
+    lines += notes
     lines += [f"  {p.schedule}: {p.description}" for p in predictions]
     return "\n".join(lines)
 
 
-def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    """Run ``plan``; ``parser`` is the plan sub-parser, so its errors name ``plan`` and show its usage."""
-    if args.sm_margin >= args.sms:
-        parser.error(f"argument --sm-margin: must be smaller than --sms={args.sms}, got {args.sm_margin}")
-    if args.c == 0:
-        parser.error("argument --c: the compute cost must be > 0")
-    if args.png and (problem := _png_problem(args.png)):
-        _png_error(parser, problem)
+@dataclass(frozen=True)
+class _Shape:
+    """What ``plan`` reports for one shape (a dense call or a pack), apart from the per-schedule numbers."""
+
+    predictions: list[Prediction]
+    pick: str  # the schedule auto runs
+    reason: str
+    notes: list[str]  # table lines after auto's
+    header: list[str]  # the table's first lines, after "plan: "
+    heading: str  # the chart's
+    fields: dict  # the JSON's shape fields
+    pack: bool
+
+
+def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r: float, grid: int) -> _Shape:
+    """``plan --seqlen``: one dense call."""
+    if args.seqlens_k is not None:
+        parser.error("argument --seqlens-k: only with --seqlens (a pack); a dense call takes --seqlen-k")
     seqlen_k = args.seqlen_k or args.seqlen
     batch = args.batch or max(1, 16384 // args.seqlen)
     heads = args.heads or 2048 // args.hdim
-    grid = args.sms - args.sm_margin
     block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
     # The window in its canonical form: (-1, 0) is the causal mask, a side that clips nothing is unbounded.
     tiles = TileGrid("causal" if args.causal else "full", args.seqlen, seqlen_k, block_m, block_n, args.window)
     mask, causal = tiles.mask, tiles.mask == "causal"
-    c, r = default_costs(args.hdim, block_m, block_n)
-    default = args.c is None and args.r is None
-    c = c if args.c is None else args.c
-    r = r if args.r is None else args.r
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
                           progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window)
     reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
@@ -206,30 +246,94 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if det.fallback:
             reason += f"; runs {det.schedule} here ({det.fallback})"
         nondet = bwd_launch(causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False).schedule
-    reason += f"; the model alone picks {model_choice(predictions).schedule}"
-    base = next(p for p in predictions if p.schedule == "ascending").makespan
     num_m, num_n = tiles.num_m, tiles.num_n
+    shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
+    return _Shape(
+        predictions, pick, reason, [f"non-deterministic backward walks: {nondet or 'no banded kernel yet'}"],
+        [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
+         f"heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "],
+        f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, heads {heads}, ",
+        {"mask": mask, "window": list(tiles.window), "banded": tiles.banded, "seqlen_q": args.seqlen,
+         "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch, "heads": heads, "block_m": block_m,
+         "block_n": block_n, "num_m": num_m, "num_n": num_n, "non_deterministic_walk": nondet},
+        False)
+
+
+def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r: float, grid: int) -> _Shape:
+    """``plan --seqlens``: a varlen pack on one shared persistent grid (:mod:`.schedule.pack_orders`)."""
+    for name, value in (("--seqlen-k", args.seqlen_k), ("--batch", args.batch)):
+        if value is not None:
+            parser.error(f"argument {name}: not with --seqlens (a pack's sequences are its batch; key lengths "
+                         f"are --seqlens-k)")
+    try:
+        lens_q, lens_k = check_seqlens(args.seqlens, args.seqlens_k)
+    except ValueError as err:
+        parser.error(f"argument {'--seqlens-k' if str(err).startswith('seqlens_k') else '--seqlens'}: {err}")
+    heads = args.heads or 2048 // args.hdim
+    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    pack = PackTiles("causal" if args.causal else "full", lens_q, lens_k, block_m, block_n, args.window)
+    predictions = predict_pack(pack.mask, args.hdim, lens_q, lens_k, heads, grid, c, r,
+                               progress=_progress(pack.describe()), window=pack.window)
+    # Deterministic varlen auto is one portable order on every sequence (flash_attn_dash.launch.varlen_request).
+    reason = (f"{VARLEN_AUTO}: deterministic varlen auto, the faster portable order (a sequence's bits do not depend "
+              f"on what it is packed with)")
+    same_k = lens_k == lens_q
+    order = [int(b) for b in pack.order]
+    notes = [f"claim order (most work first): sequences {_short(order)}",
+             "portable: sequences whose bits equal their dense batch-1 call's whatever the pack"]
+    return _Shape(
+        predictions, VARLEN_AUTO, reason, notes,
+        [f"plan: {pack.describe()}, seqlens_q={_short(lens_q)} seqlens_k={'same' if same_k else _short(lens_k)} "
+         f"hdim={args.hdim} heads={heads}, tiles {block_m}x{block_n} (M={_short(pack.num_m)}, "
+         f"N={_short(pack.num_n)}), "],
+        f"{pack.describe()}, seqlens {_short(lens_q)}" + ("" if same_k else f" / {_short(lens_k)}")
+        + f", hdim {args.hdim}, heads {heads}, ",
+        {"mask": pack.mask, "window": list(pack.window), "banded": pack.banded, "seqlens_q": list(lens_q),
+         "seqlens_k": list(lens_k), "head_dim": args.hdim, "heads": heads, "block_m": block_m, "block_n": block_n,
+         "num_m": pack.num_m.tolist(), "num_n": pack.num_n.tolist(), "claim_order": order},
+        True)
+
+
+def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Run ``plan``; ``parser`` is the plan sub-parser, so its errors name ``plan`` and show its usage."""
+    if args.sm_margin >= args.sms:
+        parser.error(f"argument --sm-margin: must be smaller than --sms={args.sms}, got {args.sm_margin}")
+    if args.c == 0:
+        parser.error("argument --c: the compute cost must be > 0")
+    if args.png and (problem := _png_problem(args.png)):
+        _png_error(parser, problem)
+    grid = args.sms - args.sm_margin
+    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    c, r = default_costs(args.hdim, block_m, block_n)
+    default = args.c is None and args.r is None
+    c = c if args.c is None else args.c
+    r = r if args.r is None else args.r
+    shape = (_pack if args.seqlens is not None else _dense)(args, parser, c, r, grid)
+    predictions, pick = shape.predictions, shape.pick
+    reason = f"{shape.reason}; the model alone picks {model_choice(predictions).schedule}"
+    base = next(p for p in predictions if p.schedule == "ascending").makespan
     if args.json:
-        print(json.dumps({
-            "mask": mask, "window": list(tiles.window), "banded": tiles.banded,
-            "seqlen_q": args.seqlen, "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch,
-            "heads": heads, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n, "sms": args.sms,
-            "sm_margin": args.sm_margin, "grid": grid, "c": c, "r": r, "unit": "ns" if default else "cost units",
-            "auto": {"schedule": pick, "reason": reason}, "non_deterministic_walk": nondet,
-            "schedules": [{"schedule": p.schedule, "schedule_used": p.schedule_used, "description": p.description,
-                           "fallback": p.fallback, "num_ctas": p.timeline.plan.num_ctas, "makespan": p.makespan,
-                           "bubble_fraction": p.bubble_fraction, "wait_fraction": p.wait_fraction,
-                           "speedup_over_ascending": base / p.makespan, "auto": p.schedule == pick}
-                          for p in predictions],
-        }, indent=2))
+        rows = []
+        for p in predictions:
+            row = {"schedule": p.schedule, "schedule_used": p.schedule_used, "description": p.description,
+                   "fallback": p.fallback, "num_ctas": p.timeline.plan.num_ctas, "makespan": p.makespan,
+                   "bubble_fraction": p.bubble_fraction, "wait_fraction": p.wait_fraction,
+                   "speedup_over_ascending": base / p.makespan, "auto": p.schedule == pick}
+            if shape.pack:
+                plan = p.timeline.plan
+                row.update(grid_kind=plan.grid_kind, portable=plan.portable,
+                           sequence_schedules=list(plan.sequence_schedules),
+                           sequence_portable=list(plan.sequence_portable))
+            rows.append(row)
+        print(json.dumps({**shape.fields, "sms": args.sms, "sm_margin": args.sm_margin, "grid": grid, "c": c,
+                          "r": r, "unit": "ns" if default else "cost units",
+                          "auto": {"schedule": pick, "reason": reason}, "schedules": rows}, indent=2))
     else:
         unit = "us" if default else "units"
-        header = [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
-                  f"batch={batch} heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "
-                  f"grid {grid} = {args.sms} SMs - margin {args.sm_margin}",
+        header = [shape.header[0] + f"grid {grid} = {args.sms} SMs - margin {args.sm_margin}",
                   f"per step: compute c={c:g}, reduce r={r:g} {'ns ' if default else ''}(r/c={r / c:.3f}); "
                   f"idle = waits + CTAs done early, over grid x makespan"]
-        print(_table(predictions, pick, reason, nondet, header, unit))
+        print(_table(predictions, pick, reason, shape.notes, header, unit, shape.pack))
     if args.png:
         # One axis for all panels, in the table's unit, so the speed-up between schedules shows as bar length.
         scale, unit, short = (1e3, "µs", "µs") if default else (1.0, "model time units", "units")
@@ -237,9 +341,7 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                   + f": makespan {p.makespan / scale:.5g} {short}, {base / p.makespan:.3f}x vs ascending, "
                   + f"idle {p.bubble_fraction:.1%}, waits {p.wait_fraction:.1%}"
                   + ("  [auto]" if p.schedule == pick else "") for p in predictions]
-        shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
-        heading = (f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, "
-                   f"heads {heads}, grid {grid} ({args.sms} SMs - margin {args.sm_margin}); schedule model, "
+        heading = (f"{shape.heading}grid {grid} ({args.sms} SMs - margin {args.sm_margin}); schedule model, "
                    f"c={c:g} r={r:g}{' ns' if default else ''} per step")
         try:
             draw_gantt([p.timeline for p in predictions], titles, args.png, heading, args.max_ctas, unit, scale)

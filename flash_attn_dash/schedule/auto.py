@@ -7,17 +7,21 @@ form of the model's pick (the model's best or within ``TIE_TOLERANCE`` of it at 
 ``tests/test_schedule_auto.py`` samples).  The preferred order may not fit a shape (symmetric_shift needs seqlen_q ==
 seqlen_k and an even K/V tile count); then its fallback runs.
 
-:func:`predict` simulates every order for the planner (``flash-attn-dash plan``); :func:`model_choice` is the pick the
-model alone would make, which the tests compare with the rule.
+:func:`predict` simulates every order for the planner (``flash-attn-dash plan``), :func:`predict_pack` every order on
+a varlen pack's shared grid (``plan --seqlens``); :func:`model_choice` is the pick the model alone would make, which
+the tests compare with the rule.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .costs import default_costs
 from .orders import SCHEDULES, applicable
-from .plan import build_plan
+from .pack_plan import build_pack_plan
+from .packs import PackTiles
+from .plan import Plan, build_plan
 from .simulate import Progress, Timeline, simulate
 from .tiles import MASKS, TileGrid, bwd_tile_shape
 
@@ -96,6 +100,19 @@ class Prediction:
         return self.schedule == self.schedule_used
 
 
+def _predictions(schedules: list[str], build: Callable[[str], Plan], c: float, r: float,
+                 progress: Progress | None) -> list[Prediction]:
+    """Simulate ``build(schedule)`` for every schedule; ``progress`` receives the overall finished fraction."""
+    out = []
+    for index, schedule in enumerate(schedules):
+        plan = build(schedule)
+        overall = None if progress is None else lambda f, i=index: progress((i + f) / len(schedules))
+        timeline = simulate(plan, c, r, overall)
+        out.append(Prediction(schedule, plan.schedule_used, plan.description, plan.fallback, float(timeline.makespan),
+                              timeline.bubble_fraction, timeline.wait_fraction, timeline))
+    return out
+
+
 def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
             c: float | None = None, r: float | None = None, progress: Progress | None = None,
             window: tuple[int, int] = (-1, -1)) -> list[Prediction]:
@@ -112,15 +129,30 @@ def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, 
     c = default_c if c is None else c
     r = default_r if r is None else r
     schedules = [s for s in SCHEDULES if applicable(s, grid.mask, grid.banded)]
-    out = []
-    for index, schedule in enumerate(schedules):
-        plan = build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms, schedule, costs=(c, r),
-                          window=window)
-        overall = None if progress is None else lambda f, i=index: progress((i + f) / len(schedules))
-        timeline = simulate(plan, c, r, overall)
-        out.append(Prediction(schedule, plan.schedule_used, plan.description, plan.fallback, float(timeline.makespan),
-                              timeline.bubble_fraction, timeline.wait_fraction, timeline))
-    return out
+    return _predictions(schedules, lambda schedule: build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch,
+                                                               heads, num_sms, schedule, costs=(c, r), window=window),
+                        c, r, progress)
+
+
+def predict_pack(mask: str, head_dim: int, seqlens_q, seqlens_k, heads: int, num_sms: int, c: float | None = None,
+                 r: float | None = None, progress: Progress | None = None,
+                 window: tuple[int, int] = (-1, -1)) -> list[Prediction]:
+    """:func:`predict` for a varlen pack of sequences with lengths ``seqlens_q[b]`` / ``seqlens_k[b]`` (None: the
+    same) sharing one persistent grid (:func:`.pack_plan.build_pack_plan`): every schedule applicable to the pack's
+    mask, or every schedule when the window bands a sequence.  Each :attr:`Prediction.timeline`'s plan is a
+    :class:`.pack_plan.PackPlan`."""
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    block_m, block_n = bwd_tile_shape(head_dim, mask == "causal")
+    pack = PackTiles(mask, seqlens_q, seqlens_k, block_m, block_n, window)
+    default_c, default_r = default_costs(head_dim, block_m, block_n)
+    c = default_c if c is None else c
+    r = default_r if r is None else r
+    schedules = [s for s in SCHEDULES if applicable(s, pack.mask, pack.banded)]
+    return _predictions(schedules, lambda schedule: build_pack_plan(mask, seqlens_q, seqlens_k, block_m, block_n,
+                                                                    heads, num_sms, schedule, costs=(c, r),
+                                                                    window=window),
+                        c, r, progress)
 
 
 def _measured(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int) -> MeasuredPreference | None:

@@ -117,7 +117,7 @@ def draw_gantt(timelines: Sequence[Timeline], titles: Sequence[str], path: str, 
                                facecolors=REDUCE_COLOUR, linewidth=0)
             else:
                 # Too many steps to see one by one: a bar per K/V tile, split at waits; white edges mark tile changes.
-                tile = head * plan.grid.num_n + plan.step_n[lo:hi]
+                tile = plan.kv_tile_ids(plan.step_b[lo:hi], plan.step_h[lo:hi], plan.step_n[lo:hi])
                 cut = np.flatnonzero((tile[1:] != tile[:-1]) | (wait[1:] > 0)) + 1
                 first, last = np.concatenate([[0], cut]), np.concatenate([cut, [hi - lo]]) - 1
                 ax.broken_barh(list(zip(start[first], end[last] - start[first])), (y - 0.4, 0.8),

@@ -79,6 +79,7 @@ Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone v
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 import heapq
@@ -96,6 +97,13 @@ def applicable(schedule: str, mask: str, banded: bool = False) -> bool:
     """Whether ``schedule`` may be requested for ``mask`` (the masks of its entry in ``variants.SCHEDULES``); every
     schedule is defined on a band (``banded``)."""
     return banded or mask in variants.schedule(schedule).masks
+
+
+def check_applicable(schedule: str, mask: str, banded: bool) -> None:
+    """ValueError unless ``schedule`` may be requested for ``mask`` (:func:`applicable`)."""
+    if not applicable(schedule, mask, banded):
+        raise ValueError(f"schedule {schedule!r} needs a {' or '.join(variants.schedule(schedule).masks)} mask, "
+                         f"got mask {mask!r}")
 
 
 @dataclass(frozen=True)
@@ -116,9 +124,14 @@ class Orders:
     fallback: str | None = None  # why the requested schedule could not run, when schedule_used differs from it
 
 
-def _waves(unit: np.ndarray, per_head: int, num_ctas: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Wave model of linear unit indices (tiles or pairs): returns (R, F, k) per unit; ``per_head`` units per head."""
-    head_start = (unit // per_head) * per_head
+def waves(unit: np.ndarray, per_head, num_ctas: int,
+          head_start: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Wave model of linear unit indices (tiles or pairs) on a static grid of ``num_ctas``: ``(R, F, k)`` per unit,
+    the units of its head running in its round, those of its head in earlier rounds, and its slot in the round.
+    ``per_head`` units per head, starting at ``head_start`` (default: heads back to back from unit 0; a pack's heads
+    start where its sequences do)."""
+    if head_start is None:
+        head_start = (unit // per_head) * per_head
     wave_start = (unit // num_ctas) * num_ctas
     finished = np.maximum(0, wave_start - head_start)
     running = np.minimum(head_start + per_head, wave_start + num_ctas) - np.maximum(head_start, wave_start)
@@ -126,11 +139,48 @@ def _waves(unit: np.ndarray, per_head: int, num_ctas: int) -> tuple[np.ndarray, 
     return running, finished, slot
 
 
-def _expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For tiles with ``lengths`` steps laid out back to back: (tile index, step index within tile) of every step."""
     tile = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
     starts = np.cumsum(lengths) - lengths
     return tile, np.arange(tile.size, dtype=np.int64) - starts[tile]
+
+
+def claimed_tiles(claim: np.ndarray, num_n, group_heads, heads) -> tuple[np.ndarray, np.ndarray]:
+    """``(head, n)`` of each claim of ``heads`` heads with ``num_n`` K/V tiles each, claimed n-major within groups of
+    ``group_heads`` heads (the last group may be smaller).  Arguments broadcast: a pack passes its sequences' values
+    per claim."""
+    group = claim // (group_heads * num_n)
+    first = group * group_heads
+    size = np.minimum(group_heads, heads - first)
+    in_group = claim - group * group_heads * num_n
+    n = in_group // size
+    return first + in_group - n * size, n
+
+
+def walk_steps(m_min: np.ndarray, m_end: np.ndarray, walk_up) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(tile, i, Q tile)`` of every step (the i-th of its tile) of tiles that visit ``[m_min, m_end)`` from the
+    bottom (``walk_up``, one bool or one per tile) or from the top."""
+    tile, i = expand(m_end - m_min)
+    up = np.broadcast_to(walk_up, m_min.shape)[tile]
+    return tile, i, np.where(up, m_min[tile] + i, m_end[tile] - 1 - i)
+
+
+def claimed_ranks(step_n: np.ndarray, n_min: np.ndarray, contributions: np.ndarray, claim_down) -> np.ndarray:
+    """Rank of contribution ``(n, m)`` when dQ tile m (K/V tiles ``[n_min, n_min + contributions)``) adds in the
+    order its tiles are claimed: ascending n gives ``n - n_min(m)``, descending (``claim_down``)
+    ``n_end(m) - 1 - n``."""
+    return np.where(claim_down, n_min + contributions - 1 - step_n, step_n - n_min)
+
+
+def rank_predecessors(dq_tile: np.ndarray, rank: np.ndarray) -> np.ndarray:
+    """Per step, the index of the step with ``rank - 1`` in the same dQ tile (``dq_tile``: any id per dQ tile), -1 for
+    rank 0 and where that step is missing."""
+    order = np.lexsort((rank, dq_tile))
+    pred = np.full(rank.size, -1, dtype=np.int64)
+    follows = (dq_tile[order[1:]] == dq_tile[order[:-1]]) & (rank[order[1:]] == rank[order[:-1]] + 1)
+    pred[order[1:][follows]] = order[:-1][follows]
+    return pred
 
 
 def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
@@ -150,7 +200,12 @@ adds form no rank chains to spread out (measured faster than grouped claims on t
 def num_ctas(schedule: str, grid: TileGrid, batch_heads: int, num_sms: int) -> int:
     """Persistent CTAs of ``schedule`` (the order that runs, not a fallen-back request): one per work unit at most
     (a tile, or a pair of tiles on symmetric_shift's pair grid), and at most ``num_sms``."""
-    units = batch_heads * (grid.num_n // 2 if variants.schedule(schedule).grid == "pair" else grid.num_n)
+    return grid_size(batch_heads * (grid.num_n // 2 if variants.schedule(schedule).grid == "pair" else grid.num_n),
+                     num_sms)
+
+
+def grid_size(units: int, num_sms: int) -> int:
+    """Persistent CTAs for ``units`` work units: one per unit at most, at most ``num_sms``, at least 1."""
     return max(1, min(num_sms, units))
 
 
@@ -184,45 +239,70 @@ def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, 
     return cta
 
 
-def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
-             claim_heads: int | None, walk_up: bool, claim_down: bool = False) -> Orders:
-    """A walk over the dynamic grid: every tile's Q tiles from ``m_min`` up (``walk_up``) or from ``m_end - 1`` down;
-    a head's tiles claimed in ascending n, or in descending n (``claim_down``), and ranked in that order."""
-    num_m, num_n = grid.num_m, grid.num_n
-    bh = batch * heads
-    t = np.arange(bh * num_n, dtype=np.int64)  # claim order p
-    ctas = num_ctas(schedule, grid, bh, num_sms)
-    group_heads = claim_group(num_m, bh, ctas) if claim_heads is None else min(claim_heads, bh)
-    group = t // (group_heads * num_n)
-    first = group * group_heads
-    size = np.minimum(group_heads, bh - first)
-    in_group = t - group * group_heads * num_n
-    n = in_group // size
-    q = first + in_group - n * size
-    if claim_down:
-        n = num_n - 1 - n
-    m_min, m_end = grid.m_min()[n], grid.m_end()[n]
-    lengths = m_end - m_min
-    tile, i = _expand(lengths)
-    step_m = m_min[tile] + i if walk_up else m_end[tile] - 1 - i
-    step_n = n[tile]
-    # Ranks in claim order: the predecessor of (q, n, m) is (q, n -/+ 1, m), claimed earlier.
-    n_min = grid.n_min()[step_m]
-    step_rank = n_min + grid.contributions()[step_m] - 1 - step_n if claim_down else step_n - n_min
-    key = (q[tile] * num_m + step_m) * num_n + step_n
-    index = np.full(batch * heads * num_m * num_n, -1, dtype=np.int64)
-    index[key] = np.arange(key.size, dtype=np.int64)
-    before = key + 1 if claim_down else key - 1
-    pred = np.where(step_rank > 0, index[np.clip(before, 0, index.size - 1)], -1)
+@dataclass(frozen=True)
+class Claims:
+    """The tiles of a dynamic grid in claim order (index = claim ``p``): who they are, the Q tiles they visit, their
+    walk and their dQ tiles' ranges.  ``dq_base + m`` is a step's dQ tile id (any id unique per dQ tile); ``rows(tile,
+    m)`` gives ``(n_min(m), K_m)`` of the dQ tile of each step ``(tile, m)``."""
+
+    b: np.ndarray
+    h: np.ndarray
+    n: np.ndarray
+    m_min: np.ndarray
+    m_end: np.ndarray
+    walk_up: np.ndarray | bool
+    claim_down: np.ndarray | bool
+    dq_base: np.ndarray
+    rows: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def claimed_orders(claims: Claims, ctas: int, costs: tuple[float, float], schedule: str, description: str) -> Orders:
+    """Orders of a dynamic grid: every tile walks its Q tiles in its direction, ranks follow the claim order, and the
+    CTA of each claim is predicted by :func:`claim_tiles` (timing decides it on the GPU; ranks do not depend on it)."""
+    tile, _, step_m = walk_steps(claims.m_min, claims.m_end, claims.walk_up)
+    step_n = claims.n[tile]
+    down = np.broadcast_to(claims.claim_down, claims.n.shape)[tile]
+    step_rank = claimed_ranks(step_n, *claims.rows(tile, step_m), down)
+    pred = rank_predecessors(claims.dq_base[tile] + step_m, step_rank)
+    lengths = claims.m_end - claims.m_min
     cta = claim_tiles(lengths, pred, ctas, *costs)
     order = np.argsort(cta, kind="stable")  # CTA-major; each CTA's tiles stay in claim order
     steps = np.argsort(cta[tile], kind="stable")  # the same for the steps, each tile's steps in order
+    claim = np.arange(lengths.size, dtype=np.int64)
+    return Orders(ctas, cta[order], claim[order], claims.b[order], claims.h[order], claims.n[order], lengths[order],
+                  step_m[steps], step_rank[steps], schedule, description)
+
+
+def dynamic_walk(schedule: str, grid: TileGrid) -> tuple[bool, bool]:
+    """``(walk_up, claim_down)`` of ``schedule`` on the dynamic grid for ``grid``: ascending walks up, descending down,
+    both claim (and rank) ascending n; ``shift`` on a band walks as :func:`band_walks_up` says, claiming descending n
+    when it walks up."""
+    if schedule == "shift":
+        up = band_walks_up(grid)
+        return up, up
+    return schedule == "ascending", False
+
+
+def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
+             claim_heads: int | None) -> Orders:
+    """A walk over the dynamic grid (:func:`dynamic_walk`): claims n-major within groups of heads (flat ``b * H +
+    h``), a head's tiles claimed in ascending n, or descending n (``claim_down``), and ranked in that order."""
+    num_m, num_n = grid.num_m, grid.num_n
+    bh = batch * heads
+    ctas = num_ctas(schedule, grid, bh, num_sms)
+    group_heads = claim_group(num_m, bh, ctas) if claim_heads is None else min(claim_heads, bh)
+    walk_up, claim_down = dynamic_walk(schedule, grid)
+    q, n = claimed_tiles(np.arange(bh * num_n, dtype=np.int64), num_n, group_heads, bh)
+    if claim_down:
+        n = num_n - 1 - n
+    n_min, k_m = grid.n_min(), grid.contributions()
+    claims = Claims(q // heads, q % heads, n, grid.m_min()[n], grid.m_end()[n], walk_up, claim_down, q * num_m,
+                    lambda tile, m: (n_min[m], k_m[m]))
     direction = f"walks {'up' if walk_up else 'down'} the band, n {'de' if claim_down else 'a'}scending; "
     walk = direction if grid.banded else ""
-    return Orders(ctas, cta[order], t[order], q[order] // heads, q[order] % heads, n[order], lengths[order],
-                  step_m[steps], step_rank[steps], schedule,
-                  f"{schedule} over a dynamic persistent grid of {ctas} CTAs ({walk}claims n-major in groups of "
-                  f"{group_heads} head(s))")
+    return claimed_orders(claims, ctas, costs, schedule,
+                          f"{schedule} over a dynamic persistent grid of {ctas} CTAs ({walk}claims n-major in groups "
+                          f"of {group_heads} head(s))")
 
 
 def band_walks_up(grid: TileGrid) -> bool:
@@ -234,6 +314,24 @@ def band_walks_up(grid: TileGrid) -> bool:
     return int((both & (lo[1:] == lo[:-1])).sum()) < int((both & (end[1:] == end[:-1])).sum())
 
 
+def shift_steps(num_m, step_n: np.ndarray, running: np.ndarray, finished: np.ndarray, slot: np.ndarray,
+                i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q tile, rank)`` of step ``i`` of a full-mask tile on the static grid (module docstring, ``shift``): its
+    ``(R, F, k)`` from :func:`waves`; a (head, round) group with ``R > M`` walks and ranks as ``descending``."""
+    fits = running <= num_m
+    step_m = np.where(fits, (slot + i) % np.maximum(num_m, 1), num_m - 1 - i)
+    shifted = finished + (np.minimum(step_m, running - 1) - slot) % running
+    return step_m, np.where(fits, shifted, step_n)
+
+
+def over_note(head: np.ndarray, rnd: np.ndarray, over: np.ndarray, m_label: str) -> str:
+    """The description's note on shift's (head, round) groups with ``R > M`` (``over``, per tile), or ""."""
+    if not over.any():
+        return ""
+    groups = np.unique(head[over] * (int(rnd.max()) + 1) + rnd[over]).size
+    return f"; {groups} (head, round) group(s) have R > {m_label} and use the descending order"
+
+
 def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     """``shift`` on the static persistent grid (module docstring)."""
     num_m, num_n = grid.num_m, grid.num_n
@@ -243,19 +341,10 @@ def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     t = t[np.argsort(t % ctas, kind="stable")]  # CTA-major, rounds ascending within a CTA
     n, q = t % num_n, t // num_n
     lengths = num_m - grid.m_min()[n]
-    tile, i = _expand(lengths)
-    step_n = n[tile]
-    running_t, finished_t, slot_t = _waves(t, num_n, ctas)
-    running, finished, slot = running_t[tile], finished_t[tile], slot_t[tile]
-    fits = running <= num_m
-    step_m = np.where(fits, (slot + i) % num_m, num_m - 1 - i)
-    shifted = finished + (np.minimum(step_m, running - 1) - slot) % running
-    step_rank = np.where(fits, shifted, step_n)
-    note = ""
-    over = running_t > num_m
-    if over.any():
-        groups = np.unique(q[over] * (total // ctas + 1) + t[over] // ctas).size
-        note = f"; {groups} (head, round) group(s) have R > M={num_m} and use the descending order"
+    tile, i = expand(lengths)
+    running, finished, slot = waves(t, num_n, ctas)
+    step_m, step_rank = shift_steps(num_m, n[tile], running[tile], finished[tile], slot[tile], i)
+    note = over_note(q, t // ctas, running > num_m, f"M={num_m}")
     return Orders(ctas, t % ctas, t // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
                   "shift", f"shift over a static persistent grid of {ctas} CTAs{note}")
 
@@ -292,6 +381,20 @@ def fallback_reason(schedule: str, grid: TileGrid) -> str | None:
     return None
 
 
+def pair_steps(num_m, num_n, s: int, stage: np.ndarray, n: np.ndarray, running: np.ndarray, finished: np.ndarray,
+               slot: np.ndarray, i: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(Q tile, rank)`` of step ``i`` of a tile of symmetric_shift's pair grid (module docstring): the long tile
+    (``stage`` 0) or the short one (1) of its chunk, whose ``(R, F, k)`` come from :func:`waves` in pairs."""
+    rect_start = (finished + running - 1) * s
+    rect_len = num_m - rect_start
+    in_rect = i < rect_len
+    m_long = np.where(in_rect, rect_start + (slot + i) % np.maximum(rect_len, 1), n * s + (i - rect_len))
+    step_m = np.where(stage == 0, m_long, num_m - 1 - i)
+    earlier = finished + np.maximum(0, step_m // s + 1 - num_n + finished)
+    rank_long = np.where(in_rect, (np.minimum(step_m - rect_start, running - 1) - slot) % running, step_m // s - n)
+    return step_m, earlier + np.where(stage == 0, rank_long, running + (running - 1 - slot))
+
+
 def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     num_m, num_n, s = grid.num_m, grid.num_n, grid.block_n // grid.block_m
     pairs = num_n // 2
@@ -299,7 +402,7 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     ctas = num_ctas("symmetric_shift", grid, batch * heads, num_sms)
     c = np.arange(total, dtype=np.int64)
     c = c[np.argsort(c % ctas, kind="stable")]
-    running, finished, slot = _waves(c, pairs, ctas)
+    running, finished, slot = waves(c, pairs, ctas)
     # Two tiles per chunk, long (stage 0) then short (stage 1).
     c2, run2, fin2, slot2 = (np.repeat(a, 2) for a in (c, running, finished, slot))
     stage = np.tile(np.array([0, 1], dtype=np.int64), total)
@@ -307,16 +410,8 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     n = np.where(stage == 0, p, num_n - 1 - p)
     q = c2 // pairs
     lengths = num_m - n * s
-    tile, i = _expand(lengths)
-    st, nn, rr, ff, kk = (a[tile] for a in (stage, n, run2, fin2, slot2))
-    rect_start = (ff + rr - 1) * s
-    rect_len = num_m - rect_start
-    in_rect = i < rect_len
-    m_long = np.where(in_rect, rect_start + (kk + i) % rect_len, nn * s + (i - rect_len))
-    step_m = np.where(st == 0, m_long, num_m - 1 - i)
-    earlier = ff + np.maximum(0, step_m // s + 1 - num_n + ff)
-    rank_long = np.where(in_rect, (np.minimum(step_m - rect_start, rr - 1) - kk) % rr, step_m // s - nn)
-    step_rank = earlier + np.where(st == 0, rank_long, rr + (rr - 1 - kk))
+    tile, i = expand(lengths)
+    step_m, step_rank = pair_steps(num_m, num_n, s, stage[tile], n[tile], run2[tile], fin2[tile], slot2[tile], i)
     return Orders(ctas, c2 % ctas, c2 // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
                   "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s})")
 
@@ -329,9 +424,7 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
     :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`)."""
     if costs is None:
         costs = default_costs(64, grid.block_m, grid.block_n)
-    if not applicable(schedule, grid.mask, grid.banded):
-        raise ValueError(f"schedule {schedule!r} needs a {' or '.join(variants.schedule(schedule).masks)} mask, "
-                         f"got mask {grid.mask!r}")
+    check_applicable(schedule, grid.mask, grid.banded)
     reason = fallback_reason(schedule, grid)
     if reason is not None:
         used = variants.schedule(schedule).fallback
@@ -339,9 +432,6 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
     if schedule == "symmetric_shift":
         return _symmetric(grid, batch, heads, num_sms)
-    if schedule == "shift" and grid.banded:
-        up = band_walks_up(grid)
-        return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads, walk_up=up, claim_down=up)
-    if schedule == "shift":
+    if schedule == "shift" and not grid.banded:
         return _static(grid, batch, heads, num_sms)
-    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads, walk_up=schedule == "ascending")
+    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads)

@@ -7,7 +7,7 @@ from functools import cached_property
 
 import numpy as np
 
-from .orders import SCHEDULES, Orders, build_orders
+from .orders import SCHEDULES, Orders, build_orders, rank_predecessors
 from .simulate import Deadlock, walk
 from .tiles import MASKS, TileGrid
 
@@ -20,10 +20,12 @@ class Plan:
     """The schedule of one backward call, as the kernel executes it.
 
     Tasks are ``(batch, head, n_block, m_block)``; each CTA walks its list in order.  Steps are stored flat, CTA-major:
-    the steps of CTA ``g`` are ``cta_ptr[g]:cta_ptr[g+1]`` of the ``step_*`` arrays, in program order.
+    the steps of CTA ``g`` are ``cta_ptr[g]:cta_ptr[g+1]`` of the ``step_*`` arrays, in program order.  ``grid`` is
+    the call's tile grid; a varlen pack (:class:`.pack_plan.PackPlan`) has none, its ``batch`` is the number of
+    sequences and its tile space is its :class:`.packs.PackTiles`.
     """
 
-    def __init__(self, grid: TileGrid, batch: int, heads: int, heads_kv: int, num_sms: int, schedule: str,
+    def __init__(self, grid: TileGrid | None, batch: int, heads: int, heads_kv: int, num_sms: int, schedule: str,
                  orders: Orders) -> None:
         self.grid, self.batch, self.heads, self.heads_kv = grid, batch, heads, heads_kv
         self.num_sms, self.schedule, self._orders = num_sms, schedule, orders
@@ -88,51 +90,88 @@ class Plan:
 
     def rank_predecessor(self) -> np.ndarray:
         """Per step, the index of the step with rank - 1 in the same dQ tile, or -1 for rank 0 (needs valid ranks)."""
-        key = self._dq_tile() * self.grid.num_n + self.step_rank
-        order = np.argsort(key, kind="stable")
-        pred = np.full(self.num_steps, -1, dtype=np.int64)
-        follows = np.diff(key[order]) == 1
-        follows &= self.step_rank[order[1:]] > 0
-        pred[order[1:][follows]] = order[:-1][follows]
-        return pred
+        return rank_predecessors(self._dq_tile(), self.step_rank)
+
+    # The tile space as the checks see it: flat ids and per-step bounds (a pack overrides these, PackPlan).
+    def kv_tile_ids(self, b: np.ndarray, h: np.ndarray, n: np.ndarray) -> np.ndarray:
+        """A unique id per K/V tile ``(b, h, n)`` (arrays broadcast), in ``[0, _num_kv_tiles())``: the layout of the
+        kernel's per-tile workspace."""
+        return (b * self.heads + h) * self.grid.num_n + n
+
+    def _num_kv_tiles(self) -> int:
+        return self.batch * self.heads * self.grid.num_n
+
+    def _num_n(self, b: np.ndarray):
+        """N of the sequence of each tile (one number for a dense call)."""
+        return self.grid.num_n
+
+    def _num_m(self, b: np.ndarray):
+        """M of the sequence of each step (one number for a dense call)."""
+        return self.grid.num_m
+
+    def _m_range(self, b: np.ndarray, n: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``(m_min, m_end)`` of K/V tile n of sequence b."""
+        return self.grid.m_min()[n], self.grid.m_end()[n]
+
+    def _contributions(self, b: np.ndarray, m: np.ndarray) -> np.ndarray:
+        """``K_m`` of dQ tile m of sequence b."""
+        return self.grid.contributions()[m]
+
+    def _num_visible(self) -> int:
+        """Visible (m, n) tiles over all sequences and heads."""
+        return self.batch * self.heads * self.grid.num_steps_per_head()
 
     def check(self) -> None:
         """Raise :class:`ScheduleError` unless the plan is valid.
 
         Checked: every K/V tile appears exactly once in the CTA lists; every visible (m, n) tile is visited exactly once
         and nothing else; the ranks of every dQ tile are exactly ``0 .. K_m - 1``; the wait-for graph of all CTAs
-        co-resident is acyclic; and every rank predecessor runs in the same or an earlier persistent round.  The last
-        one is what makes GQA safe: dK/dV semaphores wait on the same n of the previous query head, an earlier
-        tile/chunk; within one round a path can only move to a lower (batch, head) through such a wait, so no cycle can
-        close through them.  On the dynamic grid a round is one tile, so it says that every predecessor lies in an
-        earlier tile, which keeps every claim order deadlock-free (:mod:`.orders`), not only the predicted one.
+        co-resident is acyclic; and every rank predecessor, and with GQA every dK/dV predecessor (the previous query
+        head of the same K/V head, sequence and n: the kernel's ``dkv_sem`` order), runs in the same or an earlier
+        persistent round.  The round rule is what makes GQA safe: within one round a path can only move to a lower
+        (batch, head) through a dK/dV wait, so no cycle can close through them.  On the dynamic grid a round is one
+        tile, so it says that every predecessor lies in an earlier tile, which keeps every claim order deadlock-free
+        (:mod:`.orders`), not only the predicted one.
         """
-        grid, o = self.grid, self._orders
-        num_m, num_n = grid.num_m, grid.num_n
-        tiles = (o.tile_b * self.heads + o.tile_h) * num_n + o.tile_n
-        if tiles.size != self.batch * self.heads * num_n or np.unique(tiles).size != tiles.size:
+        o = self._orders
+        outside = (o.tile_b < 0) | (o.tile_b >= self.batch) | (o.tile_h < 0) | (o.tile_h >= self.heads)
+        if not np.any(outside):
+            outside = (o.tile_n < 0) | (o.tile_n >= self._num_n(o.tile_b))
+        if np.any(outside):
+            bad = int(np.argmax(outside))
+            raise ScheduleError(f"{self.schedule}: K/V tile (b={int(o.tile_b[bad])}, h={int(o.tile_h[bad])}, "
+                                f"n={int(o.tile_n[bad])}) lies outside the tile space")
+        tiles = self.kv_tile_ids(o.tile_b, o.tile_h, o.tile_n)
+        if tiles.size != self._num_kv_tiles() or np.unique(tiles).size != tiles.size:
             raise ScheduleError(f"{self.schedule}: the CTA lists do not hold every K/V tile exactly once")
         if np.any(o.tile_cta[1:] < o.tile_cta[:-1]) or o.tile_cta.size and o.tile_cta.max() >= self.num_ctas:
             raise ScheduleError(f"{self.schedule}: tiles are not laid out CTA-major within {self.num_ctas} CTAs")
-        if self.num_steps and (self.step_m.min() < 0 or self.step_m.max() >= num_m):
-            raise ScheduleError(f"{self.schedule}: a step visits a Q tile outside [0, {num_m})")
-        masked = (self.step_m < grid.m_min()[self.step_n]) | (self.step_m >= grid.m_end()[self.step_n])
+        num_m = np.broadcast_to(self._num_m(self.step_b), self.step_m.shape)
+        outside = (self.step_m < 0) | (self.step_m >= num_m)
+        if np.any(outside):
+            bad = int(np.argmax(outside))
+            raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} visits a Q tile outside "
+                                f"[0, {int(num_m[bad])})")
+        m_min, m_end = self._m_range(self.step_b, self.step_n)
+        masked = (self.step_m < m_min) | (self.step_m >= m_end)
         if np.any(masked):
             bad = int(np.argmax(masked))
             raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} visits a fully masked tile")
-        visits = self._dq_tile() * num_n + self.step_n
-        expected = self.batch * self.heads * grid.num_steps_per_head()
+        stride = self._num_kv_tiles() + 1  # more than any n or rank
+        visits = self._dq_tile() * stride + self.step_n
+        expected = self._num_visible()
         if np.unique(visits).size != visits.size or visits.size != expected:
             raise ScheduleError(f"{self.schedule}: {visits.size} steps ({np.unique(visits).size} distinct) for "
                                 f"{expected} visible (m, n) tiles")
-        k_m = grid.contributions()[self.step_m]
+        k_m = self._contributions(self.step_b, self.step_m)
         if np.any(self.step_rank < 0) or np.any(self.step_rank >= k_m):
             bad = int(np.argmax((self.step_rank < 0) | (self.step_rank >= k_m)))
             raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} has a rank outside "
                                 f"[0, K_m={int(k_m[bad])})")
-        ranks = self._dq_tile() * num_n + self.step_rank
+        ranks = self._dq_tile() * stride + self.step_rank
         if np.unique(ranks).size != ranks.size:
             raise ScheduleError(f"{self.schedule}: two contributions share a rank in one dQ tile")
+        self._check_dkv_rounds(tiles)
         try:
             walk(self, 1, 1)
         except Deadlock as err:
@@ -143,6 +182,20 @@ class Plan:
             bad = int(np.flatnonzero(has)[np.argmax(self.step_round[pred[has]] > self.step_round[has])])
             raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} waits on a later persistent round")
 
+    def _check_dkv_rounds(self, tiles: np.ndarray) -> None:
+        """GQA: query heads of one K/V head add their dK/dV in ascending h; each waits on head h-1's same tile."""
+        o, group = self._orders, self.heads // self.heads_kv
+        rnd = np.empty(tiles.size, dtype=np.int64)
+        rnd[tiles] = o.tile_round
+        waits = o.tile_h % group > 0
+        before = rnd[self.kv_tile_ids(o.tile_b, o.tile_h - 1, o.tile_n)[waits]]
+        late = before > o.tile_round[waits]
+        if np.any(late):
+            i = int(np.flatnonzero(waits)[np.argmax(late)])
+            raise ScheduleError(f"{self.schedule}: K/V tile (b={int(o.tile_b[i])}, h={int(o.tile_h[i])}, "
+                                f"n={int(o.tile_n[i])}) waits for the dK/dV of head {int(o.tile_h[i]) - 1} in a "
+                                f"later persistent round")
+
     def describe_step(self, step: int) -> str:
         """Readable identity of step ``step`` (CTA, tile, row, rank) for error messages."""
         return (f"(cta={int(self.step_cta[step])}, b={int(self.step_b[step])}, h={int(self.step_h[step])}, "
@@ -152,6 +205,26 @@ class Plan:
         return (f"Plan({self.schedule!r} -> {self.schedule_used!r}, {self.grid.describe()}, "
                 f"sq={self.grid.seqlen_q}, sk={self.grid.seqlen_k}, tiles={self.grid.block_m}x{self.grid.block_n}, "
                 f"B={self.batch}, H={self.heads}, G={self.num_ctas}, steps={self.num_steps})")
+
+
+def _count(value) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, np.integer)) and value >= 1
+
+
+def check_plan_args(mask: str, schedule: str, heads: int, num_sms: int, heads_kv: int | None,
+                    claim_heads: int | None, batch: int = 1) -> None:
+    """ValueError naming the first argument of a plan that is not accepted (the shape's own checks aside)."""
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    for name, value in (("batch", batch), ("heads", heads), ("num_sms", num_sms)):
+        if not _count(value):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if heads_kv is not None and not (_count(heads_kv) and heads % heads_kv == 0):
+        raise ValueError(f"heads_kv must be a positive divisor of heads={heads}, got {heads_kv!r}")
+    if claim_heads is not None and not _count(claim_heads):
+        raise ValueError(f"claim_heads must be a positive integer or None, got {claim_heads!r}")
 
 
 def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, batch: int, heads: int,
@@ -168,19 +241,8 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     FlashAttention's ``window_size`` (:class:`.tiles.TileGrid`); on a band every schedule is defined.  The result is a
     pure function of the arguments.
     """
-    if mask not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
-    if schedule not in SCHEDULES:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    check_plan_args(mask, schedule, heads, num_sms, heads_kv, claim_heads, batch)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
-    for name, value in (("batch", batch), ("heads", heads), ("num_sms", num_sms)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
     heads_kv = heads if heads_kv is None else heads_kv
-    if isinstance(heads_kv, bool) or not isinstance(heads_kv, (int, np.integer)) or heads_kv < 1 or heads % heads_kv:
-        raise ValueError(f"heads_kv must be a positive divisor of heads={heads}, got {heads_kv!r}")
-    if claim_heads is not None and (isinstance(claim_heads, bool) or not isinstance(claim_heads, (int, np.integer))
-                                    or claim_heads < 1):
-        raise ValueError(f"claim_heads must be a positive integer or None, got {claim_heads!r}")
     orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads)
     return Plan(grid, int(batch), int(heads), int(heads_kv), int(num_sms), schedule, orders)
