@@ -1,7 +1,7 @@
 """Build knobs and nvcc flags shared by setup.py and the Makefile.
 
 The kernels are the variants of flash_attn_dash/variants.py; the knobs (environment) select a subset:
-  FLASH_DASH_HDIMS   comma list of head dims to compile (default: every head dim of the table)
+  FLASH_DASH_HDIMS   comma list of head dims to compile (any of the table; default: its default-build entries)
   FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
   FLASH_DASH_PASSES  comma list of passes to compile (default "fwd,bwd"; a subset is for kernel development)
   FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
@@ -23,12 +23,14 @@ from flash_attn_dash import variants  # noqa: E402  (pure Python, no torch)
 
 
 
-def _env_list(name: str, default: tuple, cast) -> list:
+def _env_list(name: str, accepted: tuple, cast, default: tuple | None = None) -> list:
+    """The comma list in environment variable ``name`` (each value one of ``accepted``), else ``default`` (all of
+    ``accepted`` when None)."""
     raw = os.environ.get(name, "").strip()
     if not raw:
-        return list(default)
+        return list(accepted if default is None else default)
     values = [cast(x.strip()) for x in raw.split(",") if x.strip()]
-    allowed = set(default)
+    allowed = set(accepted)
     bad = [v for v in values if v not in allowed]
     if bad:
         raise ValueError(f"{name}={raw!r}: unsupported {bad}; accepted values are {sorted(allowed)}")
@@ -36,7 +38,9 @@ def _env_list(name: str, default: tuple, cast) -> list:
 
 
 def selected_hdims() -> list[int]:
-    return _env_list("FLASH_DASH_HDIMS", tuple(h.qk for h in variants.HEAD_DIMS), int)
+    """``FLASH_DASH_HDIMS`` (any head dim of the table), else the table's default-build head dims."""
+    return _env_list("FLASH_DASH_HDIMS", tuple(h.qk for h in variants.HEAD_DIMS), int,
+                     default=tuple(h.qk for h in variants.HEAD_DIMS if h.default_build))
 
 
 def selected_dtypes() -> list[str]:

@@ -13,12 +13,18 @@ namespace flash_dash {
 
 void run_fwd_hdim64_bf16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim64_fp16(FwdParams const&, cudaStream_t);
+void run_fwd_hdim96_bf16(FwdParams const&, cudaStream_t);
+void run_fwd_hdim96_fp16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim128_bf16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim128_fp16(FwdParams const&, cudaStream_t);
 size_t workspace_bwd_hdim64_bf16(BwdParams const&);
 void run_bwd_hdim64_bf16(BwdParams const&, void*, cudaStream_t);
 size_t workspace_bwd_hdim64_fp16(BwdParams const&);
 void run_bwd_hdim64_fp16(BwdParams const&, void*, cudaStream_t);
+size_t workspace_bwd_hdim96_bf16(BwdParams const&);
+void run_bwd_hdim96_bf16(BwdParams const&, void*, cudaStream_t);
+size_t workspace_bwd_hdim96_fp16(BwdParams const&);
+void run_bwd_hdim96_fp16(BwdParams const&, void*, cudaStream_t);
 size_t workspace_bwd_hdim128_bf16(BwdParams const&);
 void run_bwd_hdim128_bf16(BwdParams const&, void*, cudaStream_t);
 size_t workspace_bwd_hdim128_fp16(BwdParams const&);
@@ -47,6 +53,12 @@ inline std::vector<FwdEntry> const& fwd_kernels() {
 #ifdef FLASH_DASH_HAS_FWD_HDIM64_FP16
     {"fwd_hdim64_fp16", 64, 64, at::kHalf, &run_fwd_hdim64_fp16},
 #endif
+#ifdef FLASH_DASH_HAS_FWD_HDIM96_BF16
+    {"fwd_hdim96_bf16", 96, 96, at::kBFloat16, &run_fwd_hdim96_bf16},
+#endif
+#ifdef FLASH_DASH_HAS_FWD_HDIM96_FP16
+    {"fwd_hdim96_fp16", 96, 96, at::kHalf, &run_fwd_hdim96_fp16},
+#endif
 #ifdef FLASH_DASH_HAS_FWD_HDIM128_BF16
     {"fwd_hdim128_bf16", 128, 128, at::kBFloat16, &run_fwd_hdim128_bf16},
 #endif
@@ -64,6 +76,12 @@ inline std::vector<BwdEntry> const& bwd_kernels() {
 #endif
 #ifdef FLASH_DASH_HAS_BWD_HDIM64_FP16
     {"bwd_hdim64_fp16", 64, 64, at::kHalf, &workspace_bwd_hdim64_fp16, &run_bwd_hdim64_fp16},
+#endif
+#ifdef FLASH_DASH_HAS_BWD_HDIM96_BF16
+    {"bwd_hdim96_bf16", 96, 96, at::kBFloat16, &workspace_bwd_hdim96_bf16, &run_bwd_hdim96_bf16},
+#endif
+#ifdef FLASH_DASH_HAS_BWD_HDIM96_FP16
+    {"bwd_hdim96_fp16", 96, 96, at::kHalf, &workspace_bwd_hdim96_fp16, &run_bwd_hdim96_fp16},
 #endif
 #ifdef FLASH_DASH_HAS_BWD_HDIM128_BF16
     {"bwd_hdim128_bf16", 128, 128, at::kBFloat16, &workspace_bwd_hdim128_bf16, &run_bwd_hdim128_bf16},

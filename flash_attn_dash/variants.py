@@ -58,13 +58,18 @@ class BwdTile:
 
 @dataclass(frozen=True)
 class HeadDim:
-    """Kernels of one head dim (``qk`` for Q/K, ``v`` for V and the output), per pass and mask."""
+    """Kernels of one head dim (``qk`` for Q/K, ``v`` for V and the output), per pass and mask.
+
+    ``default_build=False``: compiled only when ``FLASH_DASH_HDIMS`` names it, for an entry whose kernels have not
+    passed the GPU tests yet (a default build refuses that head dim with a named error).
+    """
 
     qk: int
     v: int
     fwd_full: FwdTile
     fwd_causal: FwdTile
     bwd: BwdTile
+    default_build: bool = True
 
     @property
     def tag(self) -> str:
@@ -82,6 +87,11 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_full=FwdTile(192, 128, kv_stages=3),
             fwd_causal=FwdTile(192, 128, kv_stages=3),
             bwd=BwdTile(128, 128, producer_regs=24, mma_regs=240)),
+    HeadDim(96, 96,
+            fwd_full=FwdTile(128, 128, kv_stages=2, q_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 128, kv_stages=2, q_stages=2),
+            bwd=BwdTile(64, 128, producer_regs=40, mma_regs=232),
+            default_build=False),
     HeadDim(128, 128,
             fwd_full=FwdTile(128, 128, kv_stages=2, q_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 128, kv_stages=2, q_stages=2),

@@ -62,7 +62,7 @@ def test_png(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["plan", "--seqlen", "1024", "--hdim", "96"], "--hdim"),
+    (["plan", "--seqlen", "1024", "--hdim", "80"], "--hdim"),
     (["plan", "--seqlen", "0", "--hdim", "64"], "--seqlen"),
     (["plan", "--seqlen", "abc", "--hdim", "64"], "--seqlen"),
     (["plan", "--hdim", "64"], "--seqlen"),

@@ -31,9 +31,11 @@ def test_build_config_selects_by_knobs(monkeypatch):
     assert build_config.compile_defines() == ["-DFLASH_DASH_HAS_BWD_HDIM128_BF16"]
     monkeypatch.delenv("FLASH_DASH_HDIMS")
     monkeypatch.delenv("FLASH_DASH_PASSES")
-    assert len(build_config.kernel_sources()) == 2 * len(variants.HEAD_DIMS)
+    defaults = [h for h in variants.HEAD_DIMS if h.default_build]
+    assert len(build_config.kernel_sources()) == 2 * len(defaults) < 2 * len(variants.HEAD_DIMS)
     monkeypatch.setenv("FLASH_DASH_HDIMS", "80")
-    with pytest.raises(ValueError, match=r"FLASH_DASH_HDIMS.*\[64, 128\]"):
+    table = ", ".join(str(h.qk) for h in variants.HEAD_DIMS)
+    with pytest.raises(ValueError, match=rf"FLASH_DASH_HDIMS.*\[{table}\]"):
         build_config.kernel_sources()
 
 
@@ -68,20 +70,25 @@ def test_generated_schedule_ids_match_the_table(tmp_path_factory):
 
 
 def test_a_new_head_dim_is_one_table_entry(monkeypatch):
-    """Adding a HeadDim entry (here 96 with the 128 configuration) is all it takes: the generator then writes its
-    translation units and lists them in the binding's table; build_config compiles them."""
-    h128 = variants.head_dim(128)
-    h96 = dataclasses.replace(h128, qk=96, v=96)
-    monkeypatch.setattr(variants, "HEAD_DIMS", variants.HEAD_DIMS + (h96,))
-    files = generate.files()
-    new = {p.name for p in files} - {p.name for p in files if "hdim96" not in p.name}
-    assert new == {f"{p}_hdim96_{d}.cu" for p in variants.PASSES for d in variants.DTYPES}
-    table = files[generate.KERNEL_TABLE]
+    """Head dim 96 is one HeadDim entry (the 128 configurations; default_build=False until its GPU tests ran): without
+    it the generator writes exactly its four translation units and its kernel-table lines fewer; FLASH_DASH_HDIMS
+    compiles it, a default build does not."""
+    with_96 = generate.files()
+    h96 = variants.head_dim(96)
+    assert not h96.default_build and variants.bwd_tile(96) == variants.bwd_tile(128)
+    assert h96.fwd_full == variants.head_dim(128).fwd_full
+    monkeypatch.setattr(variants, "HEAD_DIMS", tuple(h for h in variants.HEAD_DIMS if h.qk != 96))
+    without = generate.files()
+    assert {p.name for p in with_96} - {p.name for p in without} == {
+        f"{p}_hdim96_{d}.cu" for p in variants.PASSES for d in variants.DTYPES}
+    assert {p for p in without if without[p] != with_96[p]} == {generate.KERNEL_TABLE}
+    table = with_96[generate.KERNEL_TABLE]
     for d in variants.DTYPES:
         assert f'{{"fwd_hdim96_{d}", 96, 96,' in table and f"&run_bwd_hdim96_{d}" in table
-    assert "FwdKernelTraits<96, 128, 128, 2," in files[generate.GENERATED / "fwd_hdim96_bf16.cu"]
-    assert "BwdTraits<cutlass::bfloat16_t, 96, 64, 128, 40, 232>" in files[generate.GENERATED / "bwd_hdim96_bf16.cu"]
+    assert "FwdKernelTraits<96, 128, 128, 2," in with_96[generate.GENERATED / "fwd_hdim96_bf16.cu"]
+    assert "BwdTraits<cutlass::bfloat16_t, 96, 64, 128, 40, 232>" in with_96[generate.GENERATED / "bwd_hdim96_bf16.cu"]
+    monkeypatch.undo()
+    assert not any("hdim96" in src for src in build_config.kernel_sources())
     monkeypatch.setenv("FLASH_DASH_HDIMS", "96")
     assert build_config.kernel_sources() == [f"hopper/generated/{p}_hdim96_{d}.cu" for p in variants.PASSES
                                              for d in variants.DTYPES]
-    assert variants.bwd_tile(96) == variants.bwd_tile(128)

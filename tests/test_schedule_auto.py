@@ -110,7 +110,7 @@ def test_bad_schedule_names_every_valid_one():
     with pytest.raises(ValueError, match="schedule must be one of"):
         bwd_launch(False, 64, 256, 256, 1, 1, 132, True, "fastest")
     with pytest.raises(ValueError, match="head_dim must be one of"):
-        bwd_launch(False, 96, 256, 256, 1, 1, 132, True)
+        bwd_launch(False, 80, 256, 256, 1, 1, 132, True)
 
 
 def test_model_choice_and_measured_preferences_are_consistent():

@@ -75,14 +75,12 @@ struct BwdTraits {
     using DqHandoffT = DqHandoff<NumMmaWG, kdQFragSize>;
     static constexpr int kdQSliceFloats = DqHandoffT::kSliceFloats;  // per WG
 
-    // Rows of d elements: the widest swizzle that divides them (128 B for 64 and 128, 64 B for 96).
-    using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
+    // The widest swizzle that divides a warpgroup's dQ columns (which divide d): the dQ GEMM reads K^T in column
+    // slices of kdQN (128 B for hdim 64 and 128; 32 B for hdim 96, whose 48-column halves cut a 64 B atom).
+    using SmemAtom = decltype(smem_atom_k_major<Element, kdQN>());
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<TileM, TileD, Int<kStages>>{}));
     using SmemLayoutdO = SmemLayoutQ;
     using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<TileN, TileD>{}));
-    static_assert(dQ_split_M || kdQN % decltype(size<1>(SmemAtom{}))::value == 0,
-                  "64-row tiles split the dQ GEMM's head_dim columns over the two MMA warpgroups: head_dim / 2 must be "
-                  "a multiple of the smem swizzle width (use 128-row tiles for this head dim)");
     using SmemLayoutV = SmemLayoutK;
     using SmemLayoutQt = decltype(composition(
         SmemLayoutQ{}, make_layout(Shape<TileD, TileM, Int<kStages>>{}, Stride<TileM, _1, Int<kBlockM * kHeadDim>>{})));
