@@ -4,6 +4,8 @@
 """
 import torch
 
+from kernel_head_dims import gpu_head_dims
+
 from flash_attn_dash import variants
 from flash_attn_dash.ops import bwd_into
 from flash_attn_dash.reference import attention_ref
@@ -14,7 +16,7 @@ def main():
     b, h, hk = 1, 2, 1  # GQA
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
     cases = [(200, 300, False), (200, 300, True), (256, 256, True)]
-    for d in (h.qk for h in variants.HEAD_DIMS):
+    for d in gpu_head_dims():
         for sq, sk, causal in cases:
             mask = "causal" if causal else "full"
             runs = [(False, "auto")] + [(True, s) for s in variants.schedules_for(mask)]

@@ -4,6 +4,8 @@
 """
 import torch
 
+from kernel_head_dims import gpu_head_dims
+
 import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
 
@@ -14,7 +16,7 @@ def main():
     # (300, 517): ragged tiles; (520, 130) causal: tiles without a visible key between tiles with keys.
     # A 2-CTA grid makes each CTA run many tiles back to back (the cross-tile step and O store reuse).
     cases = [(300, 517, False), (300, 517, True), (520, 130, True)]
-    for d in (64, 128):
+    for d in gpu_head_dims():
         for sq, sk, causal in cases:
             for margin in (0, sms - 2):
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)

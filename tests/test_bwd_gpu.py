@@ -13,6 +13,8 @@ import time
 import pytest
 import torch
 
+from kernel_head_dims import gpu_head_dims
+
 from flash_attn_dash import variants
 
 
@@ -34,7 +36,7 @@ pytestmark = [
 ]
 
 DTYPES = [torch.bfloat16, torch.float16]
-HDIMS = [h.qk for h in variants.HEAD_DIMS]
+HDIMS = gpu_head_dims()
 SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1

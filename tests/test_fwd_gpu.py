@@ -11,13 +11,13 @@ import math
 import pytest
 import torch
 
-from flash_attn_dash import variants
+from kernel_head_dims import gpu_head_dims
 
 
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without an sm90 GPU and the kernels
 
 DTYPES = [torch.bfloat16, torch.float16]
-HDIMS = [h.qk for h in variants.HEAD_DIMS]
+HDIMS = gpu_head_dims()
 SMALL_SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224), (8192, 8192)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
