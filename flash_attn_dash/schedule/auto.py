@@ -113,6 +113,15 @@ def _predictions(schedules: list[str], build: Callable[[str], Plan], c: float, r
     return out
 
 
+def _tiles_and_costs(mask: str, head_dim: int, c: float | None, r: float | None) -> tuple[int, int, float, float]:
+    """The backward tile shape for ``mask`` and ``head_dim``, and the per-step costs (defaults from :mod:`.costs`)."""
+    if mask not in MASKS:
+        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
+    block_m, block_n = bwd_tile_shape(head_dim, mask == "causal")
+    default_c, default_r = default_costs(head_dim, block_m, block_n)
+    return block_m, block_n, default_c if c is None else c, default_r if r is None else r
+
+
 def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
             c: float | None = None, r: float | None = None, progress: Progress | None = None,
             window: tuple[int, int] = (-1, -1)) -> list[Prediction]:
@@ -121,13 +130,8 @@ def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, 
 
     ``progress`` receives the overall finished fraction across all schedules.
     """
-    if mask not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
-    block_m, block_n = bwd_tile_shape(head_dim, mask == "causal")
+    block_m, block_n, c, r = _tiles_and_costs(mask, head_dim, c, r)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
-    default_c, default_r = default_costs(head_dim, block_m, block_n)
-    c = default_c if c is None else c
-    r = default_r if r is None else r
     schedules = [s for s in SCHEDULES if applicable(s, grid.mask, grid.banded)]
     return _predictions(schedules, lambda schedule: build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch,
                                                                heads, num_sms, schedule, costs=(c, r), window=window),
@@ -141,13 +145,8 @@ def predict_pack(mask: str, head_dim: int, seqlens_q, seqlens_k, heads: int, num
     same) sharing one persistent grid (:func:`.pack_plan.build_pack_plan`): every schedule applicable to the pack's
     mask, or every schedule when the window bands a sequence.  Each :attr:`Prediction.timeline`'s plan is a
     :class:`.pack_plan.PackPlan`."""
-    if mask not in MASKS:
-        raise ValueError(f"mask must be one of {MASKS}, got {mask!r}")
-    block_m, block_n = bwd_tile_shape(head_dim, mask == "causal")
+    block_m, block_n, c, r = _tiles_and_costs(mask, head_dim, c, r)
     pack = PackTiles(mask, seqlens_q, seqlens_k, block_m, block_n, window)
-    default_c, default_r = default_costs(head_dim, block_m, block_n)
-    c = default_c if c is None else c
-    r = default_r if r is None else r
     schedules = [s for s in SCHEDULES if applicable(s, pack.mask, pack.banded)]
     return _predictions(schedules, lambda schedule: build_pack_plan(mask, seqlens_q, seqlens_k, block_m, block_n,
                                                                     heads, num_sms, schedule, costs=(c, r),
