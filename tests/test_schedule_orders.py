@@ -133,7 +133,8 @@ def random_shapes(count: int, seed: int):
 def test_tile_shapes():
     assert bwd_tile_shape(64, False) == bwd_tile_shape(64, True) == (128, 128)
     assert bwd_tile_shape(128, False) == bwd_tile_shape(128, True) == (64, 128)
-    for bad in (32, 96, 192, 256):
+    assert bwd_tile_shape(96, True) == (64, 128)
+    for bad in (32, 80, 192, 256):
         with pytest.raises(ValueError, match="head_dim"):
             bwd_tile_shape(bad, True)
 

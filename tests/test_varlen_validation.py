@@ -1,11 +1,13 @@
 """Every invalid varlen argument raises a TypeError/ValueError naming it and what is accepted, before any compute."""
+import re
+
 import pytest
 import torch
 from varlen_packs import cu_seqlens, make_pack
 
 import flash_attn_dash.varlen as varlen
 import flash_attn_dash.varlen_per_sequence as per_sequence
-from flash_attn_dash import flash_attn_varlen_func, varlen_schedule_used
+from flash_attn_dash import checks, flash_attn_varlen_func, varlen_schedule_used
 
 I32 = torch.int32
 
@@ -220,5 +222,5 @@ def test_schedule_used_validates_like_the_main_function():
     with pytest.raises(ValueError, match="sm_margin must be < 132"):
         varlen_schedule_used(pack.q, pack.k, **args, sm_margin=132)
     small = make_pack([3, 4, 2], [5, 4, 1], head_dim=16)
-    with pytest.raises(ValueError, match=r"head_dim must be one of \(64, 128\) for the kernels"):
+    with pytest.raises(ValueError, match="head_dim must be one of " + re.escape(str(checks.KERNEL_HEAD_DIMS)) + " for the kernels"):
         varlen_schedule_used(small.q, small.k, **args)
