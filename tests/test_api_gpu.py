@@ -65,7 +65,7 @@ def test_torch_compile_fullgraph_on_gpu():
 
 
 def test_bad_cuda_inputs_raise_before_launch():
-    q = torch.randn(1, 64, 2, 96, device="cuda", dtype=torch.bfloat16)
+    q = torch.randn(1, 64, 2, 80, device="cuda", dtype=torch.bfloat16)
     with pytest.raises(ValueError, match="head_dim"):
         flash_attn_func(q, q, q)
     q = torch.randn(1, 64, 2, 64, device="cuda", dtype=torch.float32)

@@ -4,11 +4,13 @@ is packed with.
 The CUDA cases are marked ``gpu`` (they skip without an sm90 GPU and the kernels). The same assertions also run on
 CPU tensors, on short sequences, where the reference runs: that keeps the tests themselves checked on every machine.
 """
+import re
+
 import pytest
 import torch
 from varlen_packs import Pack, cu_seqlens, make_pack
 
-from flash_attn_dash import flash_attn_func, flash_attn_varlen_func, varlen_schedule_used
+from flash_attn_dash import checks, flash_attn_func, flash_attn_varlen_func, varlen_schedule_used
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 LONGEST = {"cpu": 24, "cuda": 1100}  # longest sequence of a random pack
@@ -119,8 +121,8 @@ def test_cuda_values_are_checked_on_the_host_copy():
             flash_attn_varlen_func(pack.q, pack.k, pack.v, **{**args, name: value})
     with pytest.raises(ValueError, match=r"cu_seqlens_q must be on q's device \(cuda:0\), got cpu"):
         flash_attn_varlen_func(pack.q, pack.k, pack.v, **{**args, "cu_seqlens_q": args["cu_seqlens_q"].cpu()})
-    with pytest.raises(ValueError, match=r"head_dim must be one of \(64, 128\)"):
-        q = torch.zeros(9, 4, 96, dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(ValueError, match="head_dim must be one of " + re.escape(str(checks.KERNEL_HEAD_DIMS))):
+        q = torch.zeros(9, 4, 80, dtype=torch.bfloat16, device="cuda")
         flash_attn_varlen_func(q, q[:, :2], q[:, :2], args["cu_seqlens_q"], args["cu_seqlens_q"], 4, 4)
 
 
