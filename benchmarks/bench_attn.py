@@ -194,7 +194,7 @@ class Runner:
 
     # ------------------------------------------------------------------ one row
     def run_row(self, impl, sh, sets, idx, total):
-        torch, args = self.torch, self.args
+        args = self.args
         row = impl.describe()
         row.update(dtype=args.dtype, batch=sh["batch"], seqlen=sh["seqlen"], heads=sh["heads"],
                    heads_kv=sh["heads_kv"], hdim=sh["hdim"], mask=sh["mask"],
@@ -228,84 +228,26 @@ class Runner:
         fwd_flops = bc.attn_fwd_flops(b, h, s, s, d, sh["causal"])
         t0 = time.monotonic()
         self.watchdog.arm(f"{impl.key} {shape_str(sh)}")
-        stage = "first_call"
-        outs = out = first = g = None
+        stage = bc.Stage()
         failed = False
         try:
-            q0, k0, v0, _ = sets[0]
-            with ctx():
-                out = fn(q0, k0, v0)
-            bc.sync()
-            if tuple(out.shape) != tuple(q0.shape):
-                raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(q0.shape)}")
+            check_out = None if args.no_check else (
+                lambda out, q, k, v: self.check_out_slice(out, q, k, v, sh["causal"]))
+            bc.measure_fwd_bwd(row, fn, sets, args, fwd_flops, stage, check_out, ctx)
             if not args.no_check:
-                stage = "check_out"
-                row["check"] = dict(out_slice=self.check_out_slice(out, q0, k0, v0,
-                                                                   sh["causal"]))
-                row["check"]["ok"] = row["check"]["out_slice"]["ok"]
-            out = None
-
-            stage = "fwd"
-            n = len(sets)
-
-            def fwd_call(i):
-                q, k, v, _ = sets[i % n]
-                with ctx():
-                    fn(q, k, v)
-            ts = bc.time_cuda(fwd_call, args.iters, args.warmup, args.pad_us)
-            row["fwd"] = bc.summarize_ms(ts)
-            row["fwd"].update(flops=fwd_flops, tflops=bc.tflops(fwd_flops, row["fwd"]["ms"]))
-
-            stage = "bwd_setup"
-            with ctx():
-                outs = [fn(q, k, v) for q, k, v, _ in sets]
-
-            stage = "bwd"
-
-            def bwd_call(i):
-                j = i % n
-                q, k, v, do = sets[j]
-                with ctx():
-                    torch.autograd.grad(outs[j], (q, k, v), do, retain_graph=True)
-            ts = bc.time_cuda(bwd_call, args.iters, args.warmup, args.pad_us)
-            bwd_flops = 2.5 * fwd_flops
-            row["bwd"] = bc.summarize_ms(ts)
-            row["bwd"].update(flops=bwd_flops, tflops=bc.tflops(bwd_flops, row["bwd"]["ms"]))
-
-            stage = "repeat"
-            q, k, v, do = sets[0]
-            with ctx():
-                first = torch.autograd.grad(outs[0], (q, k, v), do, retain_graph=True)
-            equal, dev = True, [0.0, 0.0, 0.0]
-            for _ in range(args.repeats - 1):
-                with ctx():
-                    g = torch.autograd.grad(outs[0], (q, k, v), do, retain_graph=True)
-                for i in range(3):
-                    if not torch.equal(g[i], first[i]):
-                        equal = False
-                        dev[i] = max(dev[i], (g[i].float() - first[i].float()).abs().max().item())
-                g = None
-            first = None
-            row.update(bitwise_repeat=equal, n_repeats=args.repeats,
-                       repeat_max_abs_dev=dict(dq=dev[0], dk=dev[1], dv=dev[2]))
-            outs = None
-            bc.free_cuda()
-
-            if not args.no_check:
-                stage = "check_grads"
+                stage.name = "check_grads"
                 row["check"]["small"] = self.check_grads_small(fn, sh, ctx)
                 row["check"]["ok"] = bool(row["check"]["ok"] and row["check"]["small"]["ok"])
-            stage = "schedule_used"
+            stage.name = "schedule_used"
+            q, k, v, _ = sets[0]
             row["schedule_used"] = bc.schedule_used(impl, q, k, v, sh["causal"], args.sm_margin)
-            stage = None
         except Exception as e:  # noqa: BLE001 - every failure is recorded, the grid goes on
             failed = True
-            bc.record_failure(row, impl, e, stage)
+            bc.record_failure(row, impl, e, stage.name)
         finally:
             self.watchdog.disarm()
             row["wall_s"] = round(time.monotonic() - t0, 2)
         if failed:  # outside the except block: the traceback no longer pins tensors
-            outs = out = first = g = None
             bc.free_cuda()
             self.fatal = bc.fatal_if_context_broken(row, f"{impl.key} {shape_str(sh)}")
         return row

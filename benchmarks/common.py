@@ -468,6 +468,82 @@ def cuda_healthy() -> Optional[str]:
         return f"{type(e).__name__}: {e}"
 
 
+class Stage:
+    """The step a benchmark row is at (``record_failure``'s ``stage`` when a step raises)."""
+
+    def __init__(self) -> None:
+        self.name: Optional[str] = "first_call"
+
+
+def measure_fwd_bwd(row: dict, fn: Callable, sets: Sequence[tuple], args, fwd_flops: float, stage: Stage,
+                    check_out: Optional[Callable] = None, ctx: Callable = contextlib.nullcontext) -> None:
+    """The timed part of one benchmark row, shared by the attention benchmarks.
+
+    A first call on ``sets[0]`` (its output must be shaped like q; ``check_out(out, q, k, v)`` returns
+    ``row["check"]["out_slice"]`` unless None), then ``fn`` and its ``torch.autograd.grad`` backward timed over the
+    rotated input sets (q, k, v, dout) with ``args.iters``/``args.warmup``/``args.pad_us``, then ``args.repeats``
+    backwards of the first set compared bit for bit. Fills row's fwd, bwd (2.5 x the forward FLOPs), check,
+    bitwise_repeat, n_repeats and repeat_max_abs_dev; every call runs inside ``ctx()``; ``stage.name`` follows."""
+    import torch
+    q0, k0, v0, _ = sets[0]
+    with ctx():
+        out = fn(q0, k0, v0)
+    sync()
+    if tuple(out.shape) != tuple(q0.shape):
+        raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(q0.shape)}")
+    if check_out is not None:
+        stage.name = "check_out"
+        row["check"] = dict(out_slice=check_out(out, q0, k0, v0))
+        row["check"]["ok"] = row["check"]["out_slice"]["ok"]
+    out = None
+
+    stage.name = "fwd"
+    n = len(sets)
+
+    def fwd_call(i):
+        q, k, v, _ = sets[i % n]
+        with ctx():
+            fn(q, k, v)
+    ts = time_cuda(fwd_call, args.iters, args.warmup, args.pad_us)
+    row["fwd"] = summarize_ms(ts)
+    row["fwd"].update(flops=fwd_flops, tflops=tflops(fwd_flops, row["fwd"]["ms"]))
+
+    stage.name = "bwd_setup"
+    with ctx():
+        outs = [fn(q, k, v) for q, k, v, _ in sets]
+
+    stage.name = "bwd"
+
+    def bwd_call(i):
+        j = i % n
+        q, k, v, do = sets[j]
+        with ctx():
+            torch.autograd.grad(outs[j], (q, k, v), do, retain_graph=True)
+    ts = time_cuda(bwd_call, args.iters, args.warmup, args.pad_us)
+    bwd_flops = 2.5 * fwd_flops
+    row["bwd"] = summarize_ms(ts)
+    row["bwd"].update(flops=bwd_flops, tflops=tflops(bwd_flops, row["bwd"]["ms"]))
+
+    stage.name = "repeat"
+    q, k, v, do = sets[0]
+    with ctx():
+        first = torch.autograd.grad(outs[0], (q, k, v), do, retain_graph=True)
+    equal, dev = True, [0.0, 0.0, 0.0]
+    for _ in range(args.repeats - 1):
+        with ctx():
+            g = torch.autograd.grad(outs[0], (q, k, v), do, retain_graph=True)
+        for i in range(3):
+            if not torch.equal(g[i], first[i]):
+                equal = False
+                dev[i] = max(dev[i], (g[i].float() - first[i].float()).abs().max().item())
+        g = None
+    first = None
+    row.update(bitwise_repeat=equal, n_repeats=args.repeats,
+               repeat_max_abs_dev=dict(dq=dev[0], dk=dev[1], dv=dev[2]))
+    outs = None
+    free_cuda()
+
+
 def record_failure(row: dict, impl: "Impl", e: BaseException, stage: Optional[str]) -> None:
     """Mark a row that raised: our ValueErrors (a schedule or shape we reject) are skips, the rest errors."""
     if impl.family == "dash" and isinstance(e, ValueError):
