@@ -2,7 +2,7 @@
 
     python research/grad_margin.py --shape 799,3 --causal --hdims 64,96,128 --seeds 20
 
-For each head dim and seed: err / bound per gradient of the rule of tests/test_bwd_gpu.py (it passes when <= 1).
+For each head dim and seed: err / bound per gradient of the rule of tests/grad_rule.py (it passes when <= 1).
 A head dim whose ratios sit well above the others' over many seeds points at a kernel defect.
 """
 from __future__ import annotations
@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from test_bwd_gpu import _bwd, _inputs, _rule  # noqa: E402
+from grad_rule import tolerance_rule  # noqa: E402
+from test_bwd_gpu import _bwd, _inputs  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +34,7 @@ def main() -> None:
             q, k, v, dout, out, lse = _inputs(1, sq, sk, 1, 1, d, dtype, args.causal, seed=seed)
             grads = _bwd(dout, q, k, v, out, lse, args.causal, True, "ascending")
             torch.cuda.synchronize()
-            for name, err, bound in _rule(q, k, v, dout, out, grads, args.causal):
+            for name, err, bound in tolerance_rule(q, k, v, dout, out, grads, args.causal):
                 ratios[name].append(err / bound)
         for name, rs in ratios.items():
             rs = sorted(rs)
