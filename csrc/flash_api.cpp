@@ -38,8 +38,16 @@ void launch_checked(Run&& run) {
 
 TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
+// The causal kernels' window from the op's (window_left, window_right) (-1 = unbounded): the causal mask is (-1, 0)
+// and (-1, -1) with causal = true; the full-mask kernels take no window.
+int window_side(int64_t side, const char* name) {
+    TORCH_CHECK_VALUE(side >= -1 && side < kUnboundedWindow, name, " must be -1 (unbounded) or in [0, 2^30), got ",
+                      num(side));
+    return side < 0 ? kUnboundedWindow : static_cast<int>(side);
+}
+
 void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                    bool causal, int64_t sm_margin) {
+                    bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right) {
     check_attn_tensor(q, "q", q);
     check_attn_tensor(k, "k", q);
     check_attn_tensor(v, "v", q);
@@ -61,6 +69,14 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.head_dim = q.size(3);
     p.softmax_scale = static_cast<float>(scale);
     p.is_causal = causal;
+    TORCH_CHECK_VALUE(causal || (window_left == -1 && window_right == -1),
+                      "a window runs on the causal kernels (causal=True), got causal=False with window (",
+                      num(window_left), ", ", num(window_right), ")");
+    // Every window bound the kernels form (i + sk - sq +- side) stays inside int32.
+    TORCH_CHECK_VALUE(p.seqlen_q < kUnboundedWindow && p.seqlen_k < kUnboundedWindow,
+                      "seqlen_q and seqlen_k must be < 2^30, got ", num(p.seqlen_q), " and ", num(p.seqlen_k));
+    p.window_left = window_side(window_left, "window_left");
+    p.window_right = window_right == -1 && causal && window_left == -1 ? 0 : window_side(window_right, "window_right");
     p.num_sms = grid_size(q, sm_margin);
 }
 
@@ -88,10 +104,10 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q) {
 }
 
 void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             double softmax_scale, bool causal, int64_t sm_margin) {
+             double softmax_scale, bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right) {
     c10::cuda::CUDAGuard guard(q.device());
     FwdParams p{};
-    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin);
+    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right);
     check_output(out, "out", q);
     check_lse(lse, q);
     p.out = out.data_ptr();
@@ -105,10 +121,10 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
              int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
-             const c10::optional<at::Tensor>& timeline) {
+             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
-    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin);
+    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right);
     check_output(out, "out", q);
     check_output(dout, "dout", q);
     check_output(dq, "dq", q);

@@ -21,7 +21,7 @@ from typing import NoReturn
 from . import __version__, variants
 from .cad import cli as cad_cli
 from .launch import VARLEN_AUTO, bwd_launch
-from .schedule.auto import Prediction, auto_reason, auto_schedule, model_choice, predict, predict_pack
+from .schedule.auto import Prediction, auto_reason, model_choice, predict, predict_pack
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
 from .schedule.packs import PackTiles, check_seqlens
@@ -230,26 +230,22 @@ def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, 
     block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
     # The window in its canonical form: (-1, 0) is the causal mask, a side that clips nothing is unbounded.
     tiles = TileGrid("causal" if args.causal else "full", args.seqlen, seqlen_k, block_m, block_n, args.window)
-    mask, causal = tiles.mask, tiles.mask == "causal"
+    mask = tiles.mask
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
                           progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window)
     reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
-    if tiles.banded:  # no banded kernel yet, so no launch to report: auto's rule and what the model runs for it
-        pick = auto_schedule(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
-        runs = next(p for p in predictions if p.schedule == pick)
-        if not runs.valid:
-            reason += f"; runs {runs.schedule_used} here ({runs.fallback})"
-        nondet = None
-    else:  # what the kernels run (flash_attn_dash.launch decides it)
-        det = bwd_launch(causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto")
-        pick = det.requested
-        if det.fallback:
-            reason += f"; runs {det.schedule} here ({det.fallback})"
-        nondet = bwd_launch(causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False).schedule
+    # What the kernels run (flash_attn_dash.launch decides it): every window but the full mask's on the causal kernels.
+    kernel_causal = tiles.window != (-1, -1)
+    det = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto", tiles.window)
+    pick = det.requested
+    if det.fallback:
+        reason += f"; runs {det.schedule} here ({det.fallback})"
+    nondet = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False, "auto",
+                        tiles.window).schedule
     num_m, num_n = tiles.num_m, tiles.num_n
     shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
     return _Shape(
-        predictions, pick, reason, [f"non-deterministic backward walks: {nondet or 'no banded kernel yet'}"],
+        predictions, pick, reason, [f"non-deterministic backward walks: {nondet}"],
         [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
          f"heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "],
         f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, heads {heads}, ",

@@ -42,14 +42,16 @@ def debug_enabled() -> bool:
 
 @lru_cache(maxsize=256)
 def check_backward_launch(causal: bool, batch: int, seqlen_q: int, seqlen_k: int, heads: int, heads_kv: int,
-                          head_dim: int, num_sms: int, launch: BwdLaunch) -> None:
+                          head_dim: int, num_sms: int, launch: BwdLaunch,
+                          window: tuple[int, int] = (-1, -1)) -> None:
     """Raise ScheduleError unless ``launch`` (what the kernel will run) is the model's plan for this call and that plan
     is complete, consistently ranked and deadlock-free on its grid."""
+    from .launch import model_mask
     from .schedule import ScheduleError, build_plan, bwd_tile_shape
 
     block_m, block_n = bwd_tile_shape(head_dim, causal)
-    plan = build_plan("causal" if causal else "full", seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms,
-                      launch.schedule, heads_kv=heads_kv, claim_heads=launch.claim_group)
+    plan = build_plan(model_mask(causal, window), seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms,
+                      launch.schedule, heads_kv=heads_kv, claim_heads=launch.claim_group, window=window)
     if (plan.schedule_used, plan.num_ctas) != (launch.schedule, launch.grid):
         raise ScheduleError(f"launch {launch} disagrees with the model's plan ({plan.schedule_used} on {plan.num_ctas} "
                             "CTAs)")

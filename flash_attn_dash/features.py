@@ -5,9 +5,9 @@ FlashAttention-4's softcap and learnable sink. This module holds what every entr
 checks, the mask a window describes for a shape (FlashAttention-3's canonical form,
 :func:`.schedule.tiles.canonical_window`), and the decision whether the sm90 kernels run a call's features.
 
-The kernels implement the full and causal masks only. A window that *is* one of them for the call's shape (``(-1,
--1)``, ``(-1, 0)``, a side that clips nothing) runs them unchanged; a real band, ``softcap != 0`` or a sink is refused
-on CUDA tensors with a NotImplementedError naming the argument, before anything is launched. CPU tensors run the
+The full-mask kernels run the full mask; the causal kernels run the causal mask and every other window, whose two
+sides they take at run time (:func:`kernel_window`). ``softcap != 0`` and a sink are refused on CUDA tensors with a
+NotImplementedError naming the argument, before anything is launched. CPU tensors run the
 reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
 torch.compile's fake tensors too.
 """
@@ -23,10 +23,6 @@ from .schedule.tiles import canonical_window, check_window_size
 
 NO_WINDOW = (-1, -1)
 CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
-# What the lengths a window is canonicalised on are called in errors: dense calls use the shape's, varlen calls the
-# maximum lengths (FlashAttention-3's rule).
-DENSE_LENGTHS = ("seqlen_q", "seqlen_k")
-VARLEN_LENGTHS = ("max_seqlen_q", "max_seqlen_k")
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -68,18 +64,19 @@ def kernel_causal(causal: bool, window_size: Sequence[int], seqlen_q: int, seqle
     return {NO_WINDOW: False, CAUSAL_WINDOW: True}.get(canonical_window(causal, window_size, seqlen_q, seqlen_k))
 
 
-def kernel_refusal(causal: bool, window_size: Sequence[int], softcap: float, has_sink: bool, seqlen_q: int,
-                   seqlen_k: int, length_names: tuple[str, str] = DENSE_LENGTHS) -> str | None:
-    """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
+def kernel_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
+                  seqlen_k: int) -> tuple[bool, tuple[int, int]]:
+    """The kernels that run ``(causal, window_size)`` on this shape and the window they are given: ``(False, (-1,
+    -1))`` (the full-mask kernels), ``(True, (-1, 0))`` (the causal mask) or ``(True, window)`` with the canonical
+    window (a sliding window runs on the causal kernels, both sides at run time)."""
+    window = canonical_window(causal, window_size, seqlen_q, seqlen_k)
+    return (False, NO_WINDOW) if window == NO_WINDOW else (True, window)
 
-    The decision reads Python values only, so it is tested on any machine (``length_names``: what the lengths are
-    called, :data:`DENSE_LENGTHS` or :data:`VARLEN_LENGTHS`)."""
+
+def kernel_refusal(softcap: float, has_sink: bool) -> str | None:
+    """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can
+    (every window runs). The decision reads Python values only, so it is tested on any machine."""
     reasons = []
-    if kernel_causal(causal, window_size, seqlen_q, seqlen_k) is None:
-        canon = canonical_window(causal, window_size, seqlen_q, seqlen_k)
-        reasons.append(f"window_size={tuple(window_size)} is a sliding window ({length_names[0]}={seqlen_q}, "
-                       f"{length_names[1]}={seqlen_k}: canonically {canon}); only windows that are the full mask "
-                       "(-1, -1) or the causal mask (-1, 0) run there")
     if softcap != 0:
         reasons.append(f"softcap={softcap} (only 0.0 runs there)")
     if has_sink:
@@ -91,13 +88,13 @@ def kernel_refusal(causal: bool, window_size: Sequence[int], softcap: float, has
 
 
 def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, has_sink: bool, seqlen_q: int,
-                seqlen_k: int, length_names: tuple[str, str] = DENSE_LENGTHS) -> bool:
-    """The ``causal`` flag the sm90 kernels run these features with (:func:`kernel_causal`); NotImplementedError
-    (:func:`kernel_refusal`'s message) where they cannot."""
-    why = kernel_refusal(causal, window_size, softcap, has_sink, seqlen_q, seqlen_k, length_names)
+                seqlen_k: int) -> tuple[bool, tuple[int, int]]:
+    """The kernels' ``(causal, window)`` for these features (:func:`kernel_window`); NotImplementedError
+    (:func:`kernel_refusal`'s message) where they cannot run them."""
+    why = kernel_refusal(softcap, has_sink)
     if why is not None:
         raise NotImplementedError(why)
-    return bool(kernel_causal(causal, window_size, seqlen_q, seqlen_k))
+    return kernel_window(causal, window_size, seqlen_q, seqlen_k)
 
 
 def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[int], seqlen_q: int,
@@ -112,8 +109,7 @@ def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[in
 
 
 def check_features(causal: bool, window_size: object, softcap: object, learnable_sink: object, schedule: str,
-                   heads: int, seqlen_q: int, seqlen_k: int, q: torch.Tensor,
-                   length_names: tuple[str, str] = DENSE_LENGTHS) -> tuple[tuple[int, int], float]:
+                   heads: int, seqlen_q: int, seqlen_k: int, q: torch.Tensor) -> tuple[tuple[int, int], float]:
     """Every feature check of an attention call, before anything runs: the values (``window_size`` a pair of ints
     >= -1, ``softcap`` a finite float >= 0, ``learnable_sink`` None or (heads,) on q's device), ``schedule`` against
     the mask the window describes (:func:`check_schedule_on_mask`), and on CUDA tensors what the kernels support
@@ -123,7 +119,7 @@ def check_features(causal: bool, window_size: object, softcap: object, learnable
     check_learnable_sink(learnable_sink, heads, q)
     check_schedule_on_mask(schedule, causal, window, seqlen_q, seqlen_k)
     if q.is_cuda:
-        kernel_mask(causal, window, cap, learnable_sink is not None, seqlen_q, seqlen_k, length_names)
+        kernel_mask(causal, window, cap, learnable_sink is not None, seqlen_q, seqlen_k)
     return window, cap
 
 

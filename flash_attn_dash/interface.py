@@ -30,8 +30,8 @@ def backward_schedule_used(
     (``variants.NONDETERMINISTIC_WALKS``) whatever ``schedule`` says.
 
     ``window_size`` is ``flash_attn_func``'s: a window that is the full or causal mask on this shape answers for that
-    mask (``(-1, 0)`` is the causal mask with or without ``causal``); a sliding-window band raises the
-    NotImplementedError the GPU kernels raise for it. Softcap and sinks do not change the order.
+    mask (``(-1, 0)`` is the causal mask with or without ``causal``); a sliding window answers with the order its
+    kernels run (:func:`.launch.bwd_launch`). Softcap and sinks do not change the order.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
     deterministic = checks.resolve_deterministic(deterministic)
@@ -40,11 +40,11 @@ def backward_schedule_used(
     shape = checks.check_tensors(q, k, k)
     window, _ = features.check_features(causal, window_size, 0.0, None, schedule, shape.heads, shape.seqlen_q,
                                         shape.seqlen_k, q)
-    causal = features.kernel_mask(causal, window, 0.0, False, shape.seqlen_q, shape.seqlen_k)
+    causal, window = features.kernel_mask(causal, window, 0.0, False, shape.seqlen_q, shape.seqlen_k)
     checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     return bwd_launch(causal, shape.head_dim, shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, num_sms,
-                      deterministic, schedule).schedule
+                      deterministic, schedule, window).schedule
 
 
 class _FlashAttnFunc(torch.autograd.Function):
@@ -92,8 +92,9 @@ def flash_attn_func(
             rows that see no key return 0 with lse = -inf. Sets the window's right side to 0 (as FlashAttention).
         window_size: ``(left, right)`` sliding window, ints >= -1 (-1 = unbounded): query i sees key j iff
             ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``. ``(-1, -1)`` is no window,
-            ``(-1, 0)`` the causal mask. CUDA tensors run only windows that are the full or causal mask on the
-            call's shape (those run the existing kernels); a band raises NotImplementedError (no kernel yet).
+            ``(-1, 0)`` the causal mask. On CUDA tensors a sliding window runs on the causal kernels, which skip
+            the tiles outside the band in both passes; its deterministic backward runs ``auto`` = descending,
+            ascending, descending or symmetric_shift (``shift`` raises NotImplementedError on a window).
         learnable_sink: None, or (heads,) logits (fp16/bf16/fp32, also fp64 on CPU, on q's device), gpt-oss
             style: each row of head h gains a softmax column of logit ``sink[h]`` (not scaled, not capped) and no
             value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows.

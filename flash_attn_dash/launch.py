@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from . import variants
-from .schedule.auto import auto_schedule
+from .schedule.auto import BAND_SCHEDULE, auto_schedule
 from .schedule.orders import claim_group, fallback_reason, num_ctas
 from .schedule.tiles import TileGrid
+
+NO_WINDOW = (-1, -1)
 
 
 @dataclass(frozen=True)
@@ -58,25 +60,51 @@ def check_schedule(schedule: str, causal: bool) -> None:
                          f"masks only (causal={causal}); valid for {mask} masks: {valid}")
 
 
+def model_mask(causal: bool, window: tuple[int, int]) -> str:
+    """The schedule model's mask of a launch on the ``causal`` kernels with the kernels' ``window``
+    (:func:`.features.kernel_window`; ``(-1, -1)`` with ``causal``: the causal mask): a window with a right side
+    other than 0 is a band of the full mask."""
+    if window == NO_WINDOW:
+        return "causal" if causal else "full"
+    if not causal:
+        raise ValueError(f"window {window} runs on the causal kernels (causal=True), got causal=False")
+    return "causal" if window[1] == 0 else "full"
+
+
 @lru_cache(maxsize=4096)
 def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-               deterministic: bool, schedule: str = "auto") -> BwdLaunch:
+               deterministic: bool, schedule: str = "auto", window: tuple[int, int] = NO_WINDOW) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs.
 
     Deterministic: ``schedule`` (``"auto"``: :func:`auto_schedule`) unless its assumptions fail for the shape, then
     its fallback. Non-deterministic: the first walk of ``variants.NONDETERMINISTIC_WALKS`` whose assumptions hold;
-    ``schedule`` is validated but not used. Raises ValueError for a schedule not defined for the mask or a head dim
-    without a backward kernel.
+    ``schedule`` is validated but not used. ``causal``, ``window``: the kernels' (:func:`.features.kernel_window`).
+    On a sliding window (the causal kernels with a window other than the causal mask's) ``auto`` is
+    :data:`BAND_SCHEDULE` and non-deterministic backwards walk descending (or symmetric_shift on a causal window that
+    removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
+    Raises ValueError for a schedule not defined for the mask or a head dim without a backward kernel.
     """
-    check_schedule(schedule, causal)
-    mask = "causal" if causal else "full"
+    mask = model_mask(causal, window)
+    windowed = window not in (NO_WINDOW, (-1, 0))
+    if windowed:
+        check_schedule_name(schedule)
+    else:
+        check_schedule(schedule, causal)
     block_m, block_n = variants.bwd_tile(head_dim)
-    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n)
+    grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     if deterministic:
-        wanted = auto_schedule(mask, head_dim, seqlen_q, seqlen_k) if schedule == "auto" else schedule
+        if schedule == "auto":
+            wanted = BAND_SCHEDULE if windowed else auto_schedule(mask, head_dim, seqlen_q, seqlen_k)
+        else:
+            wanted = schedule
+        if windowed and wanted == "shift":
+            raise NotImplementedError(
+                f"schedule='shift' does not run on sliding windows in the sm90 kernels (window {window}): use "
+                f"'auto' ({BAND_SCHEDULE!r}), 'ascending', 'descending' or 'symmetric_shift'; CPU tensors run the "
+                "reference with every schedule")
         candidates = (wanted,)
     else:
-        candidates = variants.NONDETERMINISTIC_WALKS[mask]
+        candidates = ("descending",) if windowed and mask == "full" else variants.NONDETERMINISTIC_WALKS[mask]
         wanted = candidates[0]
     for name in candidates:
         why = fallback_reason(name, grid)
@@ -111,8 +139,9 @@ def varlen_request(deterministic: bool, schedule: str) -> str:
 
 
 def sequence_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, heads: int, num_sms: int,
-                    deterministic: bool, schedule: str) -> BwdLaunch:
-    """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``) as a batch-1 dense call:
-    what the interim CUDA path runs, and the order the varlen kernels must give it."""
+                    deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW) -> BwdLaunch:
+    """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``; ``causal``, ``window``:
+    the kernels' for that sequence) as a batch-1 dense call: what the interim CUDA path runs, and the order the varlen
+    kernels must give it."""
     return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic,
-                      varlen_request(deterministic, schedule))
+                      varlen_request(deterministic, schedule), window)

@@ -7,7 +7,7 @@ Both carry the features of issue 19 as trailing arguments with FlashAttention's 
 without them keep their meaning. ``bwd`` always returns four tensors, ``(dq, dk, dv, dsink)``: dsink is the sink's
 gradient, (heads,) fp32 summed over batch and rows, or an empty (0,) fp32 tensor without a sink (one schema, one fake
 kernel, whatever the call). On CUDA tensors the features the kernels lack raise before any launch
-(:func:`flash_attn_dash.features.kernel_mask`); windows that are the full or causal mask run those kernels.
+(:func:`flash_attn_dash.features.kernel_mask`); sliding windows run on the causal kernels.
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
 caller buffers; ``bwd_out`` takes a resolved launch (:mod:`flash_attn_dash.launch`), which :func:`bwd_into`
 decides and passes. Tests use them to poison outputs and to read the dQ accumulation-order trace.
@@ -23,24 +23,25 @@ from .reference import attention_ref, attention_ref_grads
 torch.library.define(
     "flash_attn_dash::fwd_out",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, bool causal, "
-    "int sm_margin) -> ()",
+    "int sm_margin, int window_left=-1, int window_right=-1) -> ()",
 )
 torch.library.define(
     "flash_attn_dash::bwd_out",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
-    "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None) -> ()",
+    "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None, int window_left=-1, "
+    "int window_right=-1) -> ()",
 )
 
 
 def launch_for(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
-               num_sms: int) -> BwdLaunch:
-    """The resolved backward launch of this call; in debug mode also prove its order for the grid it launches on
-    (:mod:`flash_attn_dash.debug`)."""
+               num_sms: int, window: tuple[int, int] = (-1, -1)) -> BwdLaunch:
+    """The resolved backward launch of this call (``causal``, ``window``: the kernels', :func:`.features.kernel_window`);
+    in debug mode also prove its order for the grid it launches on (:mod:`flash_attn_dash.debug`)."""
     b, sq, h, d = q.shape
-    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule)
+    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule, tuple(window))
     if debug.debug_enabled():
-        debug.check_backward_launch(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, launch)
+        debug.check_backward_launch(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, launch, tuple(window))
     return launch
 
 
@@ -57,13 +58,15 @@ def check_cuda_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_marg
 def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
              lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
              causal: bool, deterministic: bool, schedule: str, sm_margin: int = 0,
-             order_trace: torch.Tensor | None = None, timeline: torch.Tensor | None = None) -> BwdLaunch:
-    """Run the CUDA backward into ``dq``/``dk``/``dv`` (and the optional debug buffers); returns the launch used."""
+             order_trace: torch.Tensor | None = None, timeline: torch.Tensor | None = None,
+             window: tuple[int, int] = (-1, -1)) -> BwdLaunch:
+    """Run the CUDA backward into ``dq``/``dk``/``dv`` (and the optional debug buffers); returns the launch used.
+    ``causal``, ``window``: the kernels' (:func:`.features.kernel_window`)."""
     num_sms = checks.check_sm_margin(sm_margin, q.device)
-    launch = launch_for(q, k, causal, deterministic, schedule, num_sms)
+    launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window)
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
-                                      timeline)
+                                      timeline, *window)
     return launch
 
 
@@ -83,7 +86,8 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return
-    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1], k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1],
+                                          k.shape[1])
     check_cuda_inputs(q, k, v, sm_margin)
     if q.numel() == 0:
         return
@@ -91,7 +95,7 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
+    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin, *window)
 
 
 @torch.library.custom_op("flash_attn_dash::fwd", mutates_args=())
@@ -130,9 +134,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """Fill ``dq``/``dk``/``dv`` on any device; they may be views of one packed gradient buffer. With a sink,
     ``dsink`` (heads,) fp32, if given, receives its gradient summed over batch and rows."""
     if not q.is_cuda:
-        mask_causal = features.kernel_causal(causal, window_size, q.shape[1], k.shape[1])
-        if debug.debug_enabled() and mask_causal is not None:  # the order an H200 would run (a band has no kernel)
-            launch_for(q, k, mask_causal, deterministic, schedule, checks.modeled_grid_size(sm_margin))
+        if debug.debug_enabled():  # the order an H200 would run
+            kernel_causal, window = features.kernel_window(causal, window_size, q.shape[1], k.shape[1])
+            launch_for(q, k, kernel_causal, deterministic, schedule, checks.modeled_grid_size(sm_margin), window)
         grads = attention_ref_grads(dout, q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap,
                                     learnable_sink=learnable_sink)
         for grad, ref in zip((dq, dk, dv), (grads.dq, grads.dk, grads.dv)):
@@ -140,13 +144,15 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         if dsink is not None and grads.dsink is not None:
             dsink.copy_(grads.dsink)
         return
-    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1], k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1],
+                                          k.shape[1])
     _ext.require_kernels()
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return
-    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin)
+    bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
+             window=window)
 
 
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())

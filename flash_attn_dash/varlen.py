@@ -158,8 +158,8 @@ def varlen_schedule_used(
     that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
     fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
     and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
-    ``window_size`` is ``flash_attn_varlen_func``'s: a window that is the full or causal mask at the maximum lengths
-    answers for that mask in every sequence, a band raises the kernels' NotImplementedError.
+    ``window_size`` is ``flash_attn_varlen_func``'s, applied to each sequence (aligned bottom-right on its used
+    lengths); a sliding window runs its own orders (:func:`.launch.bwd_launch`).
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
     deterministic = checks.resolve_deterministic(deterministic)
@@ -168,10 +168,17 @@ def varlen_schedule_used(
     shape = check_varlen_args(q, k, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     window, _ = check_varlen_features(causal, window_size, 0.0, None, schedule, shape.heads, max_seqlen_q,
                                       max_seqlen_k, q)
-    causal = features.kernel_mask(causal, window, 0.0, False, max_seqlen_q, max_seqlen_k, features.VARLEN_LENGTHS)
+    features.kernel_mask(causal, window, 0.0, False, max_seqlen_q, max_seqlen_k)
     checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, shape.total_q,
                        shape.total_k)
-    return [sequence_launch(causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms, deterministic,
-                            schedule).schedule if s.has_work else None for s in seqs]
+    used: list[str | None] = []
+    for s in seqs:
+        if not s.has_work:
+            used.append(None)
+            continue
+        seq_causal, seq_window = features.kernel_window(causal, window, s.q_len, s.k_len)
+        used.append(sequence_launch(seq_causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms,
+                                    deterministic, schedule, seq_window).schedule)
+    return used

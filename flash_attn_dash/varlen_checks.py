@@ -132,7 +132,7 @@ def check_varlen_features(causal: bool, window_size: object, softcap: object, le
     kernels support, are decided on the maximum lengths (FlashAttention-3's rule; a window side that clips nothing
     there clips nothing in any sequence). Returns ``(window_size, softcap)``."""
     return features.check_features(causal, window_size, softcap, learnable_sink, schedule, heads, max_seqlen_q,
-                                   max_seqlen_k, q, features.VARLEN_LENGTHS)
+                                   max_seqlen_k, q)
 
 
 def check_layout_values(side: str, cu: Sequence[int], total: int, max_seqlen: int,

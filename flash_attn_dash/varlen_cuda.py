@@ -18,15 +18,16 @@ from .varlen_layout import read_layout
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-           window_size: tuple[int, int], softcap: float, learnable_sink: torch.Tensor | None, sm_margin: int) -> bool:
+           window_size: tuple[int, int], softcap: float, learnable_sink: torch.Tensor | None,
+           sm_margin: int) -> tuple[int, int]:
     """Before the first launch: the features the kernels lack and the dense kernels' constraints on the packed tensors
-    (every sequence's view shares their strides and alignment). Returns the kernels' ``causal`` flag, decided on the
-    batch's maximum lengths as FlashAttention-3 decides it: a window side that clips nothing there clips nothing in any
-    sequence, and every sequence runs the same mask kernel as the plain call would."""
-    causal = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, max_seqlen_q,
-                                  max_seqlen_k, features.VARLEN_LENGTHS)
+    (every sequence's view shares their strides and alignment). Returns the window every sequence applies to its own
+    used lengths (with ``causal=False``): ``(causal, window_size)`` in canonical form at the maximum lengths, as
+    FlashAttention-3 decides it (a side that clips nothing there clips nothing in any sequence)."""
+    _, window = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, max_seqlen_q,
+                                     max_seqlen_k)
     ops.check_cuda_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin)
-    return causal
+    return window
 
 
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -35,10 +36,10 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             window_size: tuple[int, int], softcap: float,
             learnable_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_attn_dash::varlen_fwd`` on CUDA tensors."""
-    causal = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
+    window = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
-    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin)
+    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, False, sm_margin, window_size=window)
 
 
 def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -48,8 +49,8 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   schedule: str, sm_margin: int, window_size: tuple[int, int], softcap: float,
                   learnable_sink: torch.Tensor | None) -> None:
     """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients."""
-    causal = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
+    window = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
-    varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
-                                      schedule, sm_margin)
+    varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, False, deterministic,
+                                      schedule, sm_margin, window_size=window)

@@ -14,37 +14,39 @@ import torch
 from flash_attn_dash.reference import attention_ref
 
 
-def ref_grads(q, k, v, dout, causal, upcast):
+def ref_grads(q, k, v, dout, causal, upcast, window_size=(-1, -1)):
     """dq, dk, dv of the reference attention: in fp32 (``upcast``) or in the input dtype (autograd's baseline)."""
     qr, kr, vr = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     if upcast:
         qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
-    out, _ = attention_ref(qr, kr, vr, softmax_scale=q.shape[-1] ** -0.5, causal=causal, upcast=upcast)
+    out, _ = attention_ref(qr, kr, vr, softmax_scale=q.shape[-1] ** -0.5, causal=causal, upcast=upcast,
+                           window_size=window_size)
     grads = torch.autograd.grad(out, (qr, kr, vr), dout.to(out.dtype))
     return [torch.nan_to_num(g_) for g_ in grads]
 
 
-def stored_output_shift(q, k, v, dout, out, causal):
+def stored_output_shift(q, k, v, dout, out, causal, window_size=(-1, -1)):
     """How the fp32 gradients move when dPsum comes from the stored output ``out`` instead of the exact one:
     dS = P (dP - dPsum) moves by -P dD, dD = rowsum(dO * (out - O_exact)), so dQ moves by -scale dD (P K) and dK by
     -scale P^T (dD Q) (summed over a GQA group); dV does not move."""
     scale = q.shape[-1] ** -0.5
     qf, kf, vf = q.float(), k.float(), v.float()
-    o_exact, _ = attention_ref(qf, kf, vf, softmax_scale=scale, causal=causal)
+    ref = dict(softmax_scale=scale, causal=causal, window_size=window_size)
+    o_exact, _ = attention_ref(qf, kf, vf, **ref)
     dd = (dout.float() * (out.float() - o_exact)).sum(-1, keepdim=True)
-    pk, _ = attention_ref(qf, kf, kf, softmax_scale=scale, causal=causal)
+    pk, _ = attention_ref(qf, kf, kf, **ref)
     kr = kf.clone().requires_grad_(True)
-    o_k, _ = attention_ref(qf, kf, kr, softmax_scale=scale, causal=causal)
+    o_k, _ = attention_ref(qf, kf, kr, **ref)
     (p_t_ddq,) = torch.autograd.grad(o_k, kr, dd * qf)  # P^T (dD Q)
     return [torch.nan_to_num(-scale * dd * pk), torch.nan_to_num(-scale * p_t_ddq), 0.0]
 
 
-def tolerance_rule(q, k, v, dout, out, grads, causal):
+def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1)):
     """Per gradient ``(name, err, bound)``; the rule holds where err <= bound. ``out`` is the stored output the
     backward was given; ``grads`` must have the inputs' shapes and dtype and no NaN (poisoned = unwritten)."""
-    ref = ref_grads(q, k, v, dout, causal, upcast=True)
-    pt = ref_grads(q, k, v, dout, causal, upcast=False)
-    shift = stored_output_shift(q, k, v, dout, out, causal)
+    ref = ref_grads(q, k, v, dout, causal, upcast=True, window_size=window_size)
+    pt = ref_grads(q, k, v, dout, causal, upcast=False, window_size=window_size)
+    shift = stored_output_shift(q, k, v, dout, out, causal, window_size)
     rows = []
     for name, x, r, p, dr in zip(("dq", "dk", "dv"), grads, ref, pt, shift):
         assert x.shape == r.shape and x.dtype == q.dtype, name

@@ -15,22 +15,27 @@ def main():
     torch.manual_seed(0)
     b, h, hk = 1, 2, 1  # GQA
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
-    cases = [(200, 300, False), (200, 300, True), (256, 256, True)]
+    # Sliding windows run the causal kernels with the window's bounds: ascending and descending (any band).
+    cases = [(200, 300, False, (-1, -1)), (200, 300, True, (-1, 0)), (256, 256, True, (-1, 0)),
+             (600, 600, True, (128, 0)), (300, 400, True, (64, 64))]
     for d in gpu_head_dims():
-        for sq, sk, causal in cases:
+        for sq, sk, causal, window in cases:
             mask = "causal" if causal else "full"
-            runs = [(False, "auto")] + [(True, s) for s in variants.schedules_for(mask)]
+            orders = variants.schedules_for(mask) if window in ((-1, -1), (-1, 0)) else ("ascending", "descending")
+            runs = [(False, "auto")] + [(True, s) for s in orders]
             for det, sched in runs:
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
                 v, do = torch.randn_like(k), torch.randn_like(q)
                 with torch.no_grad():
-                    o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal)
+                    # (causal, window) are the kernels' (features.kernel_window): the window alone is the mask.
+                    o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal and window == (-1, -1),
+                                           window_size=window)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                 bwd_into(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv, d ** -0.5, causal, det,
-                         sched)
+                         sched, window=window)
                 torch.cuda.synchronize()
-                print(f"ok d={d} sq={sq} sk={sk} causal={causal} det={det} schedule={sched}")
+                print(f"ok d={d} sq={sq} sk={sk} causal={causal} window={window} det={det} schedule={sched}")
 
 
 if __name__ == "__main__":

@@ -15,18 +15,20 @@ def main():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     # (300, 517): ragged tiles; (520, 130) causal: tiles without a visible key between tiles with keys.
     # A 2-CTA grid makes each CTA run many tiles back to back (the cross-tile step and O store reuse).
-    cases = [(300, 517, False), (300, 517, True), (520, 130, True)]
+    # Sliding windows (the causal kernels with the window's bounds): a causal band and a two-sided one.
+    cases = [(300, 517, False, (-1, -1)), (300, 517, True, (-1, 0)), (520, 130, True, (-1, 0)),
+             (700, 700, True, (128, 0)), (300, 517, True, (64, 64))]
     for d in gpu_head_dims():
-        for sq, sk, causal in cases:
+        for sq, sk, causal, window in cases:
             for margin in (0, sms - 2):
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn_like(k)
                 out = torch.empty_like(q)
                 lse = torch.empty(b, h, sq, device="cuda")
-                torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, margin)
+                torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, margin, *window)
                 torch.cuda.synchronize()
-                print(f"ok d={d} sq={sq} sk={sk} causal={causal} grid<={sms - margin}")
+                print(f"ok d={d} sq={sq} sk={sk} causal={causal} window={window} grid<={sms - margin}")
 
 
 if __name__ == "__main__":

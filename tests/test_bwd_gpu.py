@@ -54,7 +54,7 @@ def _blocks(d: int) -> tuple[int, int]:
     return variants.bwd_tile(d)
 
 
-def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
+def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0, window_size=(-1, -1)):
     from flash_attn_dash.reference import attention_ref
 
     g = torch.Generator(device="cuda").manual_seed(seed)
@@ -63,7 +63,8 @@ def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0):
     v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
     dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
     with torch.no_grad():
-        out32, lse = attention_ref(q.float(), k.float(), v.float(), softmax_scale=d ** -0.5, causal=causal, upcast=True)
+        out32, lse = attention_ref(q.float(), k.float(), v.float(), softmax_scale=d ** -0.5, causal=causal, upcast=True,
+                                   window_size=window_size)
     return q, k, v, dout, out32.to(dtype).contiguous(), lse.float().contiguous()
 
 

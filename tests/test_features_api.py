@@ -15,6 +15,7 @@ from flash_attn_dash import (backward_schedule_used, features, flash_attn_func, 
                              flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
                              flash_attn_varlen_qkvpacked_func, varlen_schedule_used)
 from flash_attn_dash.reference import attention_ref
+from flash_attn_dash.schedule.tiles import canonical_window
 from flash_attn_dash.varlen_layout import PackedSequence
 
 F64 = torch.float64
@@ -398,8 +399,13 @@ def test_schedule_used_answers_for_the_mask_a_window_is():
         assert backward_schedule_used(q, k, True, deterministic, window_size=(511, 3)) == causal
         assert backward_schedule_used(q, k, False, deterministic, window_size=(600, 600)) == \
             backward_schedule_used(q, k, False, deterministic)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(128, 0\) is a sliding window \(seqlen_q=512"):
-        backward_schedule_used(q, k, window_size=(128, 0))
+        # A band runs its own orders: auto and the non-deterministic walk descend, symmetric_shift falls back.
+        assert backward_schedule_used(q, k, False, deterministic, window_size=(128, 0)) == "descending"
+        assert backward_schedule_used(q, k, False, deterministic, window_size=(64, 64)) == "descending"
+    assert backward_schedule_used(q, k, window_size=(128, 0), schedule="ascending") == "ascending"
+    assert backward_schedule_used(q, k, window_size=(128, 0), schedule="symmetric_shift") == "descending"
+    with pytest.raises(NotImplementedError, match=r"schedule='shift' does not run on sliding windows"):
+        backward_schedule_used(q, k, window_size=(128, 0), schedule="shift")
     with pytest.raises(ValueError, match=WINDOW_ERROR):
         backward_schedule_used(q, k, window_size=(-5, 0))
     with pytest.raises(ValueError, match="full masks only"):
@@ -408,8 +414,7 @@ def test_schedule_used_answers_for_the_mask_a_window_is():
     args = pack.args()
     assert varlen_schedule_used(pack.q, pack.k, **args, window_size=(-1, 0)) == \
         varlen_schedule_used(pack.q, pack.k, **args, causal=True)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(8, 8\) is a sliding window \(max_seqlen_q=300"):
-        varlen_schedule_used(pack.q, pack.k, **args, window_size=(8, 8))
+    assert varlen_schedule_used(pack.q, pack.k, **args, window_size=(8, 8)) == ["descending", None, "descending"]
 
 
 # --- the CUDA decision --------------------------------------------------------------------------------------------
@@ -431,32 +436,25 @@ def test_schedule_used_answers_for_the_mask_a_window_is():
     (False, (-1, 0), 1, 8, False),  # one query row: (-1, 0) clips nothing
 ])
 def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_k, expected):
+    """kernel_causal names the mask a window is (None: a band); the kernels run the full mask on the full-mask
+    kernels and everything else on the causal ones, given the canonical window."""
     assert features.kernel_causal(causal, window, seqlen_q, seqlen_k) is expected
-    why = features.kernel_refusal(causal, window, 0.0, False, seqlen_q, seqlen_k)
-    assert (why is None) == (expected is not None)
-    if expected is None:
-        assert f"window_size={window} is a sliding window" in why
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support window_size"):
-            features.kernel_mask(causal, window, 0.0, False, seqlen_q, seqlen_k)
-    else:
-        assert features.kernel_mask(causal, window, 0.0, False, seqlen_q, seqlen_k) is expected
+    canon = canonical_window(causal, window, seqlen_q, seqlen_k)
+    kernels = {False: (False, (-1, -1)), True: (True, (-1, 0)), None: (True, canon)}[expected]
+    assert features.kernel_window(causal, window, seqlen_q, seqlen_k) == kernels
+    assert features.kernel_mask(causal, window, 0.0, False, seqlen_q, seqlen_k) == kernels
 
 
 def test_kernel_refusal_names_every_unsupported_argument():
-    why = features.kernel_refusal(False, (4, 0), 30.0, True, 100, 200, features.VARLEN_LENGTHS)
-    assert why.startswith("the sm90 kernels do not support window_size=(4, 0) is a sliding window (max_seqlen_q=100, "
-                          "max_seqlen_k=200: canonically (4, 0))")
-    assert "; softcap=30.0 (only 0.0 runs there); learnable_sink (only None runs there) yet." in why
-    assert why.endswith("CPU tensors run the PyTorch reference with every feature.")
-    assert features.kernel_refusal(True, (-1, 3), 0.0, False, 100, 200) is None
-    assert "softcap=0.5" in features.kernel_refusal(True, (-1, -1), 0.5, False, 10, 10)
-    assert features.kernel_refusal(True, (-1, -1), 0.0, True, 10, 10).startswith(
-        "the sm90 kernels do not support learnable_sink")
+    why = features.kernel_refusal(30.0, True)
+    assert why == ("the sm90 kernels do not support softcap=30.0 (only 0.0 runs there); learnable_sink (only None "
+                   "runs there) yet. CPU tensors run the PyTorch reference with every feature.")
+    assert features.kernel_refusal(0.0, False) is None
+    assert "softcap=0.5" in features.kernel_refusal(0.5, False)
+    assert features.kernel_refusal(0.0, True).startswith("the sm90 kernels do not support learnable_sink")
 
 
 REFUSED = [
-    (dict(window_size=(3, 0)), r"window_size=\(3, 0\) is a sliding window"),
-    (dict(causal=True, window_size=(2, 7)), r"window_size=\(2, 7\) is a sliding window"),
     (dict(softcap=50.0), r"softcap=50.0 \(only 0.0 runs there\)"),
     (dict(sink=True), r"learnable_sink \(only None runs there\)"),
 ]
@@ -497,7 +495,8 @@ def test_cuda_tensors_run_windows_that_are_a_mask():
     with FakeTensorMode():
         for name, call in _cuda_entry_points().items():
             for kwargs in (dict(window_size=(-1, 0)), dict(causal=True, window_size=(63, 9)),
-                           dict(window_size=(-1, 63)), dict(window_size=(100, 100))):
+                           dict(window_size=(-1, 63)), dict(window_size=(100, 100)), dict(window_size=(3, 0)),
+                           dict(causal=True, window_size=(2, 7)), dict(window_size=(8, 8))):
                 out = call(**kwargs)
                 assert out.is_cuda and out.shape[-2:] == (4, 64), name
         with pytest.raises(TypeError, match="learnable_sink.dtype must be one of torch.float16, torch.bfloat16, "
@@ -515,7 +514,7 @@ def cuda_spies(monkeypatch):
     monkeypatch.setattr(ops, "check_cuda_inputs", lambda *args: calls.append("checked"))
     monkeypatch.setattr(ops._ext, "require_kernels", lambda: None)
     monkeypatch.setattr(torch.ops.flash_attn_dash, "fwd_out", lambda *args: calls.append(("fwd_out", args[5:])))
-    monkeypatch.setattr(ops, "bwd_into", lambda *args: calls.append(("bwd_into", args[9:])))
+    monkeypatch.setattr(ops, "bwd_into", lambda *args, **kwargs: calls.append(("bwd_into", args[9:], kwargs)))
     seqs = [PackedSequence(0, 64, 0, 64), PackedSequence(64, 64, 64, 64)]
     monkeypatch.setattr(varlen_cuda, "read_layout", lambda *args: seqs)
     monkeypatch.setattr(varlen_cuda.varlen_per_sequence, "forward",
@@ -549,26 +548,28 @@ def test_windows_that_are_a_mask_launch_exactly_the_plain_call(cuda_spies, causa
         cuda_spies.clear()
         _cuda_op_paths(causal, window)
     assert cuda_spies == plain
+    kernel_window = (-1, 0) if plain_causal else (-1, -1)
     assert [c for c in plain if c != "checked"] == [
-        ("fwd_out", (0.125, plain_causal, 0)),
-        ("bwd_into", (0.125, plain_causal, True, "auto", 0)),
-        ("varlen_forward", (0.125, plain_causal, 0), {}),
-        ("varlen_backward", (0.125, plain_causal, True, "auto", 0), {}),
+        ("fwd_out", (0.125, plain_causal, 0, *kernel_window)),
+        ("bwd_into", (0.125, plain_causal, True, "auto", 0), {"window": kernel_window}),
+        ("varlen_forward", (0.125, False, 0), {"window_size": kernel_window}),
+        ("varlen_backward", (0.125, False, True, "auto", 0), {"window_size": kernel_window}),
     ]
 
 
-@pytest.mark.parametrize("window,sink", [((3, 0), False), ((-1, -1), True)])
-def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies, window, sink):
+@pytest.mark.parametrize("softcap,sink", [(3.0, False), (0.0, True)])
+def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies, softcap, sink):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
         learnable_sink = torch.zeros(4, device="cuda") if sink else None
         with pytest.raises(NotImplementedError, match="the sm90 kernels do not support"):
-            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, window_size=window, learnable_sink=learnable_sink)
+            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, softcap=softcap, learnable_sink=learnable_sink)
         with pytest.raises(NotImplementedError, match="the sm90 kernels do not support"):
-            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, window_size=window,
+            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, softcap=softcap,
                               learnable_sink=learnable_sink)
         vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
-        with pytest.raises(NotImplementedError, match="max_seqlen_q=64" if not sink else "learnable_sink"):
-            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, window, 0.0, learnable_sink)
+        with pytest.raises(NotImplementedError, match="learnable_sink" if sink else "softcap=3.0"):
+            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), softcap,
+                                learnable_sink)
     assert cuda_spies == []

@@ -35,8 +35,6 @@ def _entry_points():
 
 
 @pytest.mark.parametrize("kwargs,match", [
-    (dict(window_size=(128, 0)), r"window_size=\(128, 0\) is a sliding window"),
-    (dict(causal=True, window_size=(64, 64)), r"window_size=\(64, 64\) is a sliding window"),
     (dict(softcap=30.0), "softcap=30.0"),
     (dict(learnable_sink=True), "learnable_sink"),
 ])
@@ -64,5 +62,6 @@ def test_windows_that_are_a_mask_give_the_plain_calls_bits(window, causal, plain
 def test_schedule_used_follows_the_mask_a_window_is():
     q = torch.empty(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
     assert backward_schedule_used(q, q, window_size=(-1, 0)) == backward_schedule_used(q, q, causal=True)
-    with pytest.raises(NotImplementedError, match="sliding window"):
-        backward_schedule_used(q, q, window_size=(128, 0))
+    assert backward_schedule_used(q, q, window_size=(128, 0)) == "descending"
+    with pytest.raises(NotImplementedError, match="schedule='shift' does not run on sliding windows"):
+        backward_schedule_used(q, q, window_size=(128, 0), schedule="shift")

@@ -36,11 +36,12 @@ def _run_fwd(q, k, v, softmax_scale, causal, sm_margin=0, poison=True):
     return out, lse
 
 
-def _check(q, k, v, out, lse, softmax_scale, causal):
+def _check(q, k, v, out, lse, softmax_scale, causal, window_size=(-1, -1)):
     from flash_attn_dash.reference import attention_ref
 
-    out_ref, lse_ref = attention_ref(q, k, v, softmax_scale=softmax_scale, causal=causal, upcast=True)
-    out_pt, lse_pt = attention_ref(q, k, v, softmax_scale=softmax_scale, causal=causal, upcast=False)
+    ref = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    out_ref, lse_ref = attention_ref(q, k, v, upcast=True, **ref)
+    out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **ref)
     assert out.shape == q.shape and out.dtype == q.dtype
     assert lse.shape == lse_ref.shape and lse.dtype == torch.float32
     assert not torch.isnan(out).any(), "output rows left unwritten (poison) or NaN"

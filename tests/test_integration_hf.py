@@ -532,29 +532,28 @@ def test_sliding_window_in_the_attention_call_is_transformers_mask(window, causa
     assert weights is None
 
 
-def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_that_mask_nothing_run():
-    """Fake CUDA tensors (metadata only, no GPU): a window that masks keys, a softcap and a sink raise the kernels'
-    NotImplementedError from the call, naming the argument; a window that masks nothing at the length, or in any
-    packed document though the pack is longer, runs as the plain call."""
+def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_run():
+    """Fake CUDA tensors (metadata only, no GPU): a softcap and a sink raise the kernels' NotImplementedError from
+    the call, naming the argument; windows run, whether they mask keys or not, dense and packed."""
     layer = torch.nn.Module()
     layer.is_causal = True
     with FakeTensorMode():
         q = torch.empty(1, 4, SEQ, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(1, 2, SEQ, 64, dtype=torch.bfloat16, device="cuda")
-        for kwargs, match in (({"sliding_window": SEQ - 1}, r"window_size=\(10, 10\) is a sliding window"),
-                              ({"softcap": 50.0}, r"softcap=50.0 \(only 0.0 runs there\)"),
+        for kwargs, match in (({"softcap": 50.0}, r"softcap=50.0 \(only 0.0 runs there\)"),
                               ({"s_aux": torch.empty(4, dtype=torch.bfloat16, device="cuda")},
                                r"learnable_sink \(only None runs there\)")):
             with pytest.raises(NotImplementedError, match="the sm90 kernels do not support " + match):
                 hf.attention_forward(layer, q, k, k, None, **kwargs)
         assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ)[0].shape == (1, SEQ, 4, 64)
+        assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ - 1)[0].shape == (1, SEQ, 4, 64)
         cu = torch.tensor([0, 6, SEQ], device="cuda")
         out, _ = hf.attention_forward(layer, q, k, k, None, sliding_window=6, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
                                       max_length_q=6, max_length_k=6)
         assert out.is_cuda and out.shape == (1, SEQ, 4, 64)
-        with pytest.raises(NotImplementedError, match=r"window_size=\(4, 4\) is a sliding window"):
-            hf.attention_forward(layer, q, k, k, None, sliding_window=5, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
-                                 max_length_q=6, max_length_k=6)
+        out, _ = hf.attention_forward(layer, q, k, k, None, sliding_window=5, cu_seq_lens_q=cu, cu_seq_lens_k=cu,
+                                      max_length_q=6, max_length_k=6)
+        assert out.is_cuda and out.shape == (1, SEQ, 4, 64)
 
 
 def test_4d_masks_on_sliding_window_layers_must_be_windowed():

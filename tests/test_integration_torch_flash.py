@@ -230,8 +230,8 @@ def test_window_minus_one_zero_is_the_causal_mask():
 
 @pytest.mark.parametrize("left,right", [(8, 0), (5, 3), (None, 4), (12, None)])
 def test_sliding_windows_have_flash_attn_funcs_semantics(left, right):
-    """aten's window_size_left/right (None = -1) on CPU tensors: flash_attn_func's window, forward and backward (on
-    CUDA tensors the ops raise flash_attn_func's NotImplementedError for a band: tests/test_features_api.py)."""
+    """aten's window_size_left/right (None = -1) on CPU tensors: flash_attn_func's window, forward and backward (CUDA
+    tensors run the same windows on the kernels: tests/test_window_gpu.py)."""
     q, k, v = bshd_inputs(grad=True)
     window = tuple(-1 if side is None else side for side in (left, right))
     out, lse, rng_state, unused, _ = tf.flash_attention_forward(q, k, v, None, None, 0, 0, 0.0, False, False,

@@ -77,10 +77,11 @@ static void run(SchedShape const& s) {
 
 int main() {
     char mask[16];
-    int sq, sk, bm, bn, batch, heads, grid, group, sched;
+    int sq, sk, bm, bn, batch, heads, grid, group, sched, left, right;
     // one case per line: mask sq sk block_m block_n batch heads grid claim_group schedule_id (the policy that runs)
-    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &grid, &group,
-                      &sched) == 10) {
+    // window_left window_right (the kernels' window, -1 = unbounded; "causal" = the causal kernels)
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &grid,
+                      &group, &sched, &left, &right) == 12) {
         bool const causal = std::strcmp(mask, "causal") == 0;
         Schedule const policy = static_cast<Schedule>(sched);
         if (mask_mismatch(policy, causal) != nullptr) { std::printf("mismatch\n"); continue; }
@@ -89,6 +90,8 @@ int main() {
         s.seqlen_q = sq; s.seqlen_k = sk; s.block_m = bm; s.block_n = bn;
         s.num_m = (sq + bm - 1) / bm; s.num_n = (sk + bn - 1) / bn;
         s.causal = causal; s.grid = grid; s.claim_group = group;
+        s.window_left = left < 0 ? kUnboundedWindow : left;
+        s.window_right = right < 0 ? (left < 0 ? 0 : kUnboundedWindow) : right;
         if (!tile_count_fits((long long)batch * heads * s.num_n, grid)) { std::printf("toobig\n"); continue; }
         switch (policy) {
             case Schedule::kAscending: run<Ascending>(s); break;
@@ -121,9 +124,10 @@ def mirror_binary(tmp_path_factory):
 
 
 def _plan(case, deterministic: bool = True):
-    mask, sq, sk, bm, bn, batch, heads, num_sms, schedule = case
+    mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, *window = case
     claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
-    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads)
+    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads,
+                      window=tuple(window[0]) if window else (-1, -1))
 
 
 def _group(plan, deterministic: bool) -> int:
@@ -151,14 +155,18 @@ def _run(exe: Path, lines: list[str]) -> list:
     return results
 
 
-def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule) -> str:
-    return f"{mask} {sq} {sk} {bm} {bn} {batch} {heads} {grid} {group} {variants.schedule(schedule).id}\n"
+def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1, -1)) -> str:
+    """One case; ``mask`` and ``window`` are the model's, the kernels get the causal kernels for any window."""
+    kernel_mask = "causal" if mask == "causal" or tuple(window) != (-1, -1) else "full"
+    return (f"{kernel_mask} {sq} {sk} {bm} {bn} {batch} {heads} {grid} {group} {variants.schedule(schedule).id} "
+            f"{window[0]} {window[1]}\n")
 
 
 def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True) -> None:
     """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
     plans = [_plan(c, deterministic) for c in cases]
-    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used) for c, p in zip(cases, plans)]
+    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window)
+             for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(exe, lines)):
         assert not isinstance(body, str), (case, body)
         expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
@@ -270,6 +278,43 @@ def test_mirror_all_schedules_small(mirror_binary):
             for g in (1, 2, 3, 5, 7, 13, 78, 114, 132, 1000):
                 for schedule in variants.schedules_for(mask):
                     cases.append((mask, sq, sk, bm, bn, 2, 3, g, schedule))
+    _check_cases(mirror_binary, cases)
+
+
+WINDOWS = ((128, 0), (64, 64), (0, 0), (300, -1), (1, 200), (-1, 100), (2000, 0), (1990, 0))
+
+
+def test_mirror_windows(mirror_binary):
+    """Sliding windows (the causal kernels with a band): every order the kernels run on a window (ascending,
+    descending, and symmetric_shift where the window removes no tile of the causal triangle, else its fallback)
+    walks, visits and ranks exactly as the model; bands that remove tiles included (rank = n - n_min(m))."""
+    cases = []
+    for sq, sk in ((1024, 1024), (2048, 2048), (4224, 4224), (700, 1300), (1300, 700), (8192, 8192), (129, 129)):
+        for bm, bn in KERNEL_TILES:
+            for window in WINDOWS:
+                for schedule in ("ascending", "descending", "symmetric_shift"):
+                    grid = TileGrid("full", sq, sk, bm, bn, window)
+                    if schedule == "symmetric_shift" and grid.mask != "causal":
+                        continue  # the full mask's bands: the launch runs descending (test_schedule_used_...)
+                    for g in (1, 7, 132):
+                        cases.append((grid.mask, sq, sk, bm, bn, 2, 3, g, schedule, window))
+    _check_cases(mirror_binary, cases)
+
+
+def test_window_tile_ranges_match_the_model(mirror_binary):
+    """m_min(n), m_end(n) (visited Q tiles), n_min(m) (the rank offset) and whether a window removes causal tiles,
+    the C++ of policies.hpp against TileGrid, on random shapes and windows (through the descending walk: its steps
+    of tile n are m_end(n)-1 .. m_min(n), ranked n - n_min(m))."""
+    rng = random.Random(11)
+    cases = []
+    for _ in range(60):
+        bm, bn = rng.choice(KERNEL_TILES)
+        sq, sk = rng.randint(1, 3000), rng.randint(1, 3000)
+        window = (rng.choice((-1, rng.randint(0, 2000))), rng.choice((-1, 0, rng.randint(0, 2000))))
+        if window == (-1, -1):
+            window = (rng.randint(0, 500), 0)
+        mask = TileGrid("full", sq, sk, bm, bn, window).mask
+        cases.append((mask, sq, sk, bm, bn, 1, 2, rng.choice(GRIDS), "descending", window))
     _check_cases(mirror_binary, cases)
 
 

@@ -53,20 +53,20 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     return w;
 }
 
-template <class Traits, bool Is_causal, bool Deterministic, class Policy>
+template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
-    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Deterministic, Policy>;
+    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Deterministic, Policy>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("backward main kernel launch");
 }
 
 // Launches the main kernel of the call's mask, mode and policy; launch_error has checked that it is instantiated
-// (generated/schedules.h says which are).
-template <class Traits, bool Is_causal, bool Deterministic>
+// (generated/schedules.h says which are; sliding windows instantiate the causal mask's policies).
+template <class Traits, bool Is_causal, bool Is_local, bool Deterministic>
 void launch_policy(Schedule policy, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
-        launch_main<Traits, Is_causal, Deterministic, typename decltype(tag)::type>(kp, grid, stream);
+        launch_main<Traits, Is_causal, Is_local, Deterministic, typename decltype(tag)::type>(kp, grid, stream);
     });
 }
 
@@ -130,6 +130,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
     s.grid = p.grid; s.causal = p.is_causal;
+    s.window_left = p.window_left; s.window_right = p.window_right;
     s.claim_group = p.claim_group;
     if (char const* why = launch_error<Traits>(p, s)) { throw std::invalid_argument(why); }
     int const grid = p.grid;
@@ -178,12 +179,16 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.order_trace = p.order_trace;
     kp.timeline = p.timeline;
 
-    if (p.is_causal) {
-        if (p.deterministic) launch_policy<Traits, true, true>(p.schedule, kp, grid, stream);
-        else launch_policy<Traits, true, false>(p.schedule, kp, grid, stream);
+    bool const local = p.is_causal && is_sliding_window(p.window_left, p.window_right);
+    if (local) {
+        if (p.deterministic) launch_policy<Traits, true, true, true>(p.schedule, kp, grid, stream);
+        else launch_policy<Traits, true, true, false>(p.schedule, kp, grid, stream);
+    } else if (p.is_causal) {
+        if (p.deterministic) launch_policy<Traits, true, false, true>(p.schedule, kp, grid, stream);
+        else launch_policy<Traits, true, false, false>(p.schedule, kp, grid, stream);
     } else {
-        if (p.deterministic) launch_policy<Traits, false, true>(p.schedule, kp, grid, stream);
-        else launch_policy<Traits, false, false>(p.schedule, kp, grid, stream);
+        if (p.deterministic) launch_policy<Traits, false, false, true>(p.schedule, kp, grid, stream);
+        else launch_policy<Traits, false, false, false>(p.schedule, kp, grid, stream);
     }
 
     PostprocessParams post{};

@@ -17,7 +17,8 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Is_causal, bool Deterministic, class Policy>
+// Is_local (with Is_causal): the kernels of sliding windows, which also mask the keys left of the window.
+template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
 struct BwdMainloop {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
@@ -100,14 +101,31 @@ struct BwdMainloop {
                     wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
                     warpgroup_wait<1>();
                     float const* slse = &ss.smem_lse[s * kBlockM];
+                    // Query col sees keys up to col + off (causal) or [col + off - left, col + off + right] (local).
+                    int const right = Is_local ? sched.window_right : 0;
                     bool const need_mask = (m_base + kBlockM > sched.seqlen_q) || (n_base + kBlockN > sched.seqlen_k) ||
-                                           (Is_causal && n_base + kBlockN - 1 > m_base + off);
-                    if (need_mask) {
+                                           (Is_causal && n_base + kBlockN - 1 > m_base + off + right) ||
+                                           (Is_local && n_base < m_base + kBlockM - 1 + off - sched.window_left);
+                    if (need_mask && Is_local) {
+                        // Each bound is one compare of an element's compile-time offset from the thread's first
+                        // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
+                        int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
+                        int const above = m_base - n_base + off + right - (r0 - c0);  // masked: dr - dc > above
+                        int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
+                        int const keys = sched.seqlen_k - n_base - r0, queries = sched.seqlen_q - m_base - c0;
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            int const dr = get<0>(tScS(i)) - r0, dc = get<1>(tScS(i)) - c0;
+                            bool const masked = dr >= keys || dc >= queries || dr - dc > above || dr - dc < below;
+                            tSacc(i) = masked ? -INFINITY : tSacc(i);
+                        }
+                    } else if (need_mask) {
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
                             int const row = n_base + get<0>(tScS(i));  // key
                             int const col = m_base + get<1>(tScS(i));  // query
-                            bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q || (Is_causal && row > col + off);
+                            bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q ||
+                                                (Is_causal && row > col + off);
                             tSacc(i) = masked ? -INFINITY : tSacc(i);
                         }
                     }

@@ -15,7 +15,8 @@ struct PostprocessParams {
     void* dq;
     int64_t dq_row, dq_head, dq_batch;
     int batch, heads, seqlen_q, num_m;
-    int first_m;  // Q tiles m < first_m see no key (causal, seqlen_q > seqlen_k): dQ = 0, accumulator unwritten
+    int first_m;  // Q tiles m < first_m see no key (above the causal mask or window, seqlen_q > seqlen_k + right):
+                  // dQ = 0, accumulator unwritten
     float scale;
 };
 

@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/window.hpp"
 #include "generated/schedule_ids.h"
 
 namespace flash_dash {
@@ -20,7 +21,10 @@ struct FwdParams {
     TensorStrides q_stride, k_stride, v_stride, o_stride;
     int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
     float softmax_scale;
-    bool is_causal;  // aligned bottom-right when seqlen_q != seqlen_k
+    bool is_causal;  // aligned bottom-right when seqlen_q != seqlen_k; also every sliding window (see window_*)
+    // The band of the causal kernels: row i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]
+    // (both >= 0; the causal mask is (kUnboundedWindow, 0)). Ignored by the full-mask kernels.
+    int window_left, window_right;
     int num_sms;     // CTAs the persistent grid may use: SM count - sm_margin
 };
 

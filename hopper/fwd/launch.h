@@ -17,7 +17,7 @@
 
 namespace flash_dash {
 
-template <class Traits>
+template <class Traits, bool kWindow>
 void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     using namespace cute;
     using Element = typename Traits::Element;
@@ -55,6 +55,8 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         p.softmax_scale,
         float(double(p.softmax_scale) * 1.4426950408889634),  // log2(e)
         p.is_causal,
+        p.window_left,
+        p.window_right,
         static_cast<Element*>(p.out),
         int64_t(p.o_stride.row),
         int64_t(p.o_stride.head),
@@ -72,22 +74,25 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
 
-    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits>;
+    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("forward kernel");
 }
 
 // The forward of one head dim and dtype: Full and Causal are the kernels of the two masks (one type when the
-// variant table gives both the same configuration); l2_prefetch_* say whether launches of that mask prefetch each
+// variant table gives both the same configuration; sliding windows run Causal's configuration with the window's
+// bounds compiled in); l2_prefetch_* say whether launches of that mask prefetch each
 // CTA's next tile into L2 (flash_attn_dash/variants.py, FwdTile.l2_prefetch).
 template <class Full, class Causal>
 void launch_fwd(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal) {
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
-    if (p.is_causal) {
-        launch_fwd_kernel<Causal>(p, stream, l2_prefetch_causal);
+    if (p.is_causal && is_sliding_window(p.window_left, p.window_right)) {
+        launch_fwd_kernel<Causal, true>(p, stream, l2_prefetch_causal);
+    } else if (p.is_causal) {
+        launch_fwd_kernel<Causal, false>(p, stream, l2_prefetch_causal);
     } else {
-        launch_fwd_kernel<Full>(p, stream, l2_prefetch_full);
+        launch_fwd_kernel<Full, false>(p, stream, l2_prefetch_full);
     }
 }
 

@@ -14,7 +14,9 @@
 
 namespace flash_dash {
 
-template <class Traits>
+// kWindow: the kernel of sliding windows (a causal launch with a left side or a right side other than 0); the
+// others compile without the window's bounds.
+template <class Traits, bool kWindow>
 struct FwdMainloopSm90 {
     using Element = typename Traits::Element;
     using Params = typename Traits::Params;
@@ -51,16 +53,23 @@ struct FwdMainloopSm90 {
     static constexpr auto kHintQ = cute::TMA::CacheHintSm90::EVICT_NORMAL;
     static constexpr auto kHintKV = cute::TMA::CacheHintSm90::EVICT_NORMAL;
 
-    // Number of K/V blocks the m-block visits: blocks [0, n_max). 0 means no row sees a key.
-    // Causal is aligned bottom-right: row i sees key j iff j <= i + seqlen_k - seqlen_q.
+    // The K/V blocks the m-block visits: [n_block_min, n_block_max); none (max <= min) when no row sees a key.
+    // Causal masks and windows are aligned bottom-right: row i sees key j iff
+    // i + sk - sq - window_left <= j <= i + sk - sq + window_right (the causal mask: left unbounded, right 0).
     CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
         int n = (p.seqlen_k + kBlockN - 1) / kBlockN;
         if (p.is_causal) {
             int const m_end = min(p.seqlen_q, Traits::first_row(p, m_block + 1));
-            int const col_end = m_end + p.seqlen_k - p.seqlen_q;  // exclusive
+            int const col_end = m_end + p.seqlen_k - p.seqlen_q + (kWindow ? p.window_right : 0);  // exclusive
             n = min(n, col_end <= 0 ? 0 : (col_end + kBlockN - 1) / kBlockN);
         }
         return n;
+    }
+    CUTE_DEVICE static int n_block_min(Params const& p, int m_block) {
+        if (!kWindow) { return 0; }
+        int const row0 = max(0, Traits::first_row(p, m_block));
+        int const col0 = row0 + p.seqlen_k - p.seqlen_q - p.window_left;
+        return col0 <= 0 ? 0 : col0 / kBlockN;
     }
 
     // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
@@ -87,7 +96,8 @@ struct FwdMainloopSm90 {
         // The CTA's next tile after t that loads anything (>= sched.total: none).
         auto next_loading_tile = [&](int t) {
             for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
-                if (n_block_max(p, sched.decode(t).m_block) > 0) { break; }
+                int const m = sched.decode(t).m_block;
+                if (n_block_max(p, m) > n_block_min(p, m)) { break; }
             }
             return t;
         };
@@ -106,6 +116,7 @@ struct FwdMainloopSm90 {
         // next round their K/V) within the ~2 blocks its loads run ahead.
         auto prefetch_l2 = [&](FwdTile const& tile) {
             int const n_max = n_block_max(p, tile.m_block);
+            int const n_min = n_block_min(p, tile.m_block);
             int const head_k = tile.head / p.head_ratio;
             Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
@@ -119,7 +130,7 @@ struct FwdMainloopSm90 {
                                              group_modes<0, 2>(gK)));
             Tensor pV = get<0>(tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
                                              group_modes<0, 2>(gV)));
-            for (int n = n_max - 1; n >= 0 && n >= n_max - 2; --n) {
+            for (int n = n_max - 1; n >= n_min && n >= n_max - 2; --n) {
                 cute::prefetch(p.tma_k, pK(_, n));
                 cute::prefetch(p.tma_v, pV(_, n));
             }
@@ -129,7 +140,8 @@ struct FwdMainloopSm90 {
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             int const n_max = n_block_max(p, tile.m_block);
-            if (n_max <= 0) { continue; }  // consumers write zeros / -inf without loading
+            int const n_min = n_block_min(p, tile.m_block);
+            if (n_max <= n_min) { continue; }  // consumers write zeros / -inf without loading
             int const head_k = tile.head / p.head_ratio;
 
             Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
@@ -147,8 +159,8 @@ struct FwdMainloopSm90 {
             pipe_k.producer_acquire(st_k);
             copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n), tKsK(_, st_k.index()));
             ++st_k;
-            for (; n >= 0; --n) {
-                if (n > 0) {
+            for (; n >= n_min; --n) {
+                if (n > n_min) {
                     pipe_k.producer_acquire(st_k);
                     copy(p.tma_k.with(*pipe_k.producer_get_barrier(st_k), 0, hint_kv), tKgK(_, n - 1),
                          tKsK(_, st_k.index()));
@@ -158,7 +170,7 @@ struct FwdMainloopSm90 {
                     // Two Q buffers: the next tile's Q goes out once this tile's second K block has a stage,
                     // i.e. once the consumers are in this tile's first step, where they released the Q of the
                     // tile before (so the acquire does not wait): a tile ahead instead of ~2 blocks ahead.
-                    if (n == n_max - 1 && n > 0) {
+                    if (n == n_max - 1 && n > n_min) {
                         q_ahead = next_loading_tile(t);
                         if (q_ahead < sched.total) { load_q(sched.decode(q_ahead)); }
                     }
@@ -213,11 +225,17 @@ struct FwdMainloopSm90 {
         Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
 
         int const offset = p.seqlen_k - p.seqlen_q;
-        // Mask keys >= seqlen_k and, if causal, keys j > i + offset. Only blocks that straddle a
-        // boundary need it; the steps pick a masking or a plain body before issuing their GEMMs.
+        // Mask keys >= seqlen_k and, if causal or windowed, keys outside [i + offset - left, i + offset + right].
+        // Only blocks that straddle a boundary need it; the steps pick a masking or a plain body before issuing
+        // their GEMMs.
         auto needs_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
-            return col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
+            if constexpr (kWindow) {
+                return col0 + kBlockN > p.seqlen_k || col0 + kBlockN > row0 + offset + p.window_right + 1 ||
+                       col0 < row0 + kBlockM - 1 + offset - p.window_left;
+            } else {
+                return col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
+            }
         };
         auto apply_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
@@ -225,11 +243,21 @@ struct FwdMainloopSm90 {
             for (int r = 0; r < size<0>(tS_rc); ++r) {
                 int const row = row0 + get<0>(tScS_rc(r, 0));
                 int limit = p.seqlen_k;
-                if (p.is_causal) { limit = min(limit, row + offset + 1); }
-                limit -= col0;
-                CUTLASS_PRAGMA_UNROLL
-                for (int c = 0; c < size<1>(tS_rc); ++c) {
-                    if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
+                if constexpr (kWindow) {
+                    limit = min(limit, row + offset + p.window_right + 1) - col0;
+                    int const first = row + offset - p.window_left - col0;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int c = 0; c < size<1>(tS_rc); ++c) {
+                        int const col = int(get<1>(tScS_rc(r, c)));
+                        if (col >= limit || col < first) { tS_rc(r, c) = -INFINITY; }
+                    }
+                } else {
+                    if (p.is_causal) { limit = min(limit, row + offset + 1); }
+                    limit -= col0;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int c = 0; c < size<1>(tS_rc); ++c) {
+                        if (int(get<1>(tScS_rc(r, c))) >= limit) { tS_rc(r, c) = -INFINITY; }
+                    }
                 }
             }
         };
@@ -271,7 +299,8 @@ struct FwdMainloopSm90 {
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             int const n_max = n_block_max(p, tile.m_block);
-            if (n_max <= 0) {
+            int const n_min = n_block_min(p, tile.m_block);
+            if (n_max <= n_min) {
                 if (pv_pending) { flush(); }
                 softmax.reset();
                 softmax.finalize(p.softmax_scale, inv_sum, lse);  // no key: inv_sum 0, lse -inf
@@ -291,7 +320,7 @@ struct FwdMainloopSm90 {
                 warpgroup_fence_operand(tSrS);
                 pipe_k.consumer_release(st_k);
                 ++st_k;
-                if (n == 0) {
+                if (n == n_min) {
                     pipe_q.consumer_release(st_q);
                     ++st_q;
                 }
@@ -331,10 +360,10 @@ struct FwdMainloopSm90 {
                 // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
                 // the producer only then loads the next tile's Q.
                 if constexpr (kPin) {  // a predicated arrive, not a branch
-                    ss.pipeline_q.empty_barrier_[st_q.index()].arrive(0, n == 0);
+                    ss.pipeline_q.empty_barrier_[st_q.index()].arrive(0, n == n_min);
                 } else {
                     ++st_k;
-                    if (n == 0) {
+                    if (n == n_min) {
                         pipe_q.consumer_release(st_q);
                         ++st_q;
                     }
@@ -363,7 +392,7 @@ struct FwdMainloopSm90 {
                 if constexpr (kPin) {
                     ++st_k;
                     ++st_v;
-                    if (n == 0) { ++st_q; }
+                    if (n == n_min) { ++st_q; }
                 } else {
                     ++st_v;
                 }
@@ -383,14 +412,23 @@ struct FwdMainloopSm90 {
                 if (needs_mask(row0, n_block)) { apply_mask(row0, n_block); }
             };
             if constexpr (kPin) {
-                // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk.
-                CUTLASS_PRAGMA_NO_UNROLL
-                for (; n >= 0 && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
-                CUTLASS_PRAGMA_NO_UNROLL
-                for (; n >= 0; --n) { step(unmasked, n == n_max - 1); }
+                // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk; a window's
+                // left edge cuts the last ones (below n_unmasked_min), which the masked loop then runs again
+                // (a third copy of the step made ptxas spill).
+                int n_unmasked_min = n_min;
+                if constexpr (kWindow) {
+                    int const left_cut = row0 + kBlockM - 1 + offset - p.window_left;  // keys below it are cut
+                    if (left_cut > n_min * kBlockN) { n_unmasked_min = (left_cut + kBlockN - 1) / kBlockN; }
+                }
+                do {
+                    CUTLASS_PRAGMA_NO_UNROLL
+                    for (; n >= n_min && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
+                    CUTLASS_PRAGMA_NO_UNROLL
+                    for (; n >= n_unmasked_min; --n) { step(unmasked, n == n_max - 1); }
+                } while (kWindow && n >= n_min);
             } else {
                 CUTLASS_PRAGMA_NO_UNROLL
-                for (; n >= 0; --n) { step(masked_if_needed, n == n_max - 1); }
+                for (; n >= n_min; --n) { step(masked_if_needed, n == n_max - 1); }
             }
         }
         if (pv_pending) { flush(); }

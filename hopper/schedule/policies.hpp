@@ -10,20 +10,23 @@
 // `unsupported` before launching:
 //  * M = ceil(sq / kBlockM), N = ceil(sk / kBlockN); causal is aligned bottom-right: query row i
 //    sees key j iff j <= i + (sk - sq).
-//  * K/V tile n is visited by the Q tiles m in [m_min(n), M), with
-//      m_min(n) = max(0, floor((n*kBlockN - (sk - sq)) / kBlockM))   (floor, also for negatives)
-//    for causal and m_min = 0 for full masks.
+//  * K/V tile n is visited by the Q tiles m in [m_min(n), m_end(n)): for full masks [0, M); for causal masks
+//    and sliding windows (the causal kernels, row i sees keys [i + sk - sq - left, i + sk - sq + right], the
+//    causal mask being left unbounded, right 0; floors also for negatives, clamped to [0, M])
+//      m_min(n) = floor((n*kBlockN - (sk - sq) - right) / kBlockM),
+//      m_end(n) = floor((min((n+1)*kBlockN, sk) - 1 - (sk - sq) + left) / kBlockM) + 1  (>= m_min(n)),
+//    and dQ tile m receives from the K/V tiles [n_min(m), ...), n_min(m) = floor(max(0, m*kBlockM + (sk - sq) -
+//    left) / kBlockN) (the model's TileGrid in flash_attn_dash/schedule/tiles.py).
 //  * G CTAs, at most one per SM (min(num_sms, B*H*N)). Static persistent grid (Shift): linear tile t in [0, B*H*N),
 //    n = t % N, h = (t / N) % H, b = t / (N*H); CTA g processes t = g, g+G, g+2G, ...  Dynamic
 //    persistent grid (Ascending, Descending): tiles in claim order p (n-major within groups of heads,
 //    see DynamicPersistentGrid); CTA g starts with p = g and then claims the next unclaimed p.
 //  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min.
-//  * rank(n, m) = #{ n' < n : tile n' touches m }.
-//    Proof that this equals n for the full and causal masks: m_min(n') is non-decreasing in n'
-//    (floor of a non-decreasing argument), so if n touches m (m_min(n) <= m < M) then every
-//    n' < n has m_min(n') <= m_min(n) <= m and touches m too. Hence the count is exactly n, and the
-//    ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
-//  Deadlock freedom (rank = n, any m order, either grid): contribution (n, m) waits only for
+//  * rank(n, m) = #{ n' < n : tile n' touches m } = n - n_min(m).
+//    Proof: m_min(n') and m_end(n') are non-decreasing in n' (floors of non-decreasing arguments), so the n'
+//    touching m are contiguous, from n_min(m) on; for the full and causal masks n_min(m) = 0 and the rank is n.
+//    The ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
+//  Deadlock freedom (any m order, either grid): contribution (n, m) waits only for
 //  (n-1, m), which belongs to a tile earlier in the grid's order (t, or p on the dynamic grid). All G
 //  CTAs are resident (1 CTA/SM, G <= #SMs), tiles are handed out in that order and each CTA processes
 //  its tiles in that order, so the unfinished tile that comes first is held by a running CTA and never
@@ -44,6 +47,7 @@
 #pragma once
 #include <cstdint>
 #include "common/host_device.hpp"
+#include "common/window.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -56,7 +60,8 @@ struct SchedShape {
     int num_m, num_n;            // M, N
     int grid;                    // G (persistent CTAs): min(num_sms, #tiles), or min(num_sms, #pairs) on the pair grid
     int claim_group;             // dynamic grid: heads per claim group (orders.py claim_group)
-    bool causal;
+    bool causal;                 // the causal kernels: the causal mask or a sliding window
+    int window_left, window_right;  // causal: the band (kUnboundedWindow on an unbounded side; the causal mask: right 0)
     FLASH_DASH_HD int num_tiles() const { return batch * heads * num_n; }
 };
 
@@ -65,12 +70,42 @@ FLASH_DASH_HD int floor_div(int a, int b) {  // b > 0
     return (q * b > a) ? q - 1 : q;
 }
 
+FLASH_DASH_HD int clamp_tiles(int v, int count) { return v < 0 ? 0 : (v > count ? count : v); }
+
 // First Q tile that K/V tile n touches (M if none).
 FLASH_DASH_HD int m_min_of(SchedShape const& s, int n) {
     if (!s.causal) return 0;
-    int v = floor_div(n * s.block_n - (s.seqlen_k - s.seqlen_q), s.block_m);
-    v = v < 0 ? 0 : v;
-    return v > s.num_m ? s.num_m : v;
+    return clamp_tiles(floor_div(n * s.block_n - (s.seqlen_k - s.seqlen_q) - s.window_right, s.block_m), s.num_m);
+}
+
+// One past the last Q tile that K/V tile n touches (>= m_min_of(s, n)).
+FLASH_DASH_HD int m_end_of(SchedShape const& s, int n) {
+    if (!s.causal || s.window_left >= kUnboundedWindow) return s.num_m;
+    int const last_key = ((n + 1) * s.block_n < s.seqlen_k ? (n + 1) * s.block_n : s.seqlen_k) - 1;
+    int const end = clamp_tiles(floor_div(last_key - (s.seqlen_k - s.seqlen_q) + s.window_left, s.block_m) + 1,
+                                s.num_m);
+    int const lo = m_min_of(s, n);
+    return end > lo ? end : lo;
+}
+
+// First K/V tile that adds into dQ tile m.
+FLASH_DASH_HD int n_min_of(SchedShape const& s, int m) {
+    if (!s.causal || s.window_left >= kUnboundedWindow) return 0;
+    int const key = m * s.block_m + (s.seqlen_k - s.seqlen_q) - s.window_left;
+    return clamp_tiles(floor_div(key > 0 ? key : 0, s.block_n), s.num_n);
+}
+
+// Whether the window removes a tile that the causal mask alone visits (the model's TileGrid.banded): the
+// pair grid's tile counts then differ from the causal triangle's.
+FLASH_DASH_HD bool removes_causal_tiles(SchedShape const& s) {
+    if (!s.causal) return false;
+    int const d = s.seqlen_k - s.seqlen_q;
+    int const first_keys = (s.block_n < s.seqlen_k ? s.block_n : s.seqlen_k) - 1;
+    int const first_rows = (s.block_m < s.seqlen_q ? s.block_m : s.seqlen_q) - 1;
+    bool const lower_left = s.window_left < kUnboundedWindow &&
+                            first_keys < (s.num_m - 1) * s.block_m + d - s.window_left;
+    bool const upper_right = s.window_right > 0 && (s.num_n - 1) * s.block_n > first_rows + d + s.window_right;
+    return lower_left || upper_right;
 }
 
 // Everything a policy may need about one K/V tile.
@@ -123,9 +158,9 @@ struct LinearTiles {
     FLASH_DASH_HD static int first_tile(SchedShape const&, int cta) { return cta; }
     // Why the policy cannot run on this shape, or nullptr (every shape, for the one-tile-per-unit grids).
     static const char* unsupported(SchedShape const&) { return nullptr; }
-    // General rank formula: number of n' < n whose tile touches m. For the full and causal masks it
-    // is exactly n (see the proof at the top of this file), which is what the kernel uses.
-    FLASH_DASH_HD static int rank_naive(SchedShape const&, TileCtx const& c, int /*m*/) { return c.n; }
+    // Number of n' < n whose tile touches m: n - n_min(m) (n for the full and causal masks; see the proof at the
+    // top of this file).
+    FLASH_DASH_HD static int rank_naive(SchedShape const& s, TileCtx const& c, int m) { return c.n - n_min_of(s, m); }
 };
 
 // Static persistent grid: linear tiles t = (b*H + h)*N + n (n fastest); CTA g runs t = g, g+G, g+2G, ...
@@ -141,7 +176,7 @@ struct StaticPersistentGrid : LinearTiles {
         c.h = bh % s.heads;
         c.b = bh / s.heads;
         c.m_min = m_min_of(s, c.n);
-        c.m_end = s.num_m;
+        c.m_end = m_end_of(s, c.n);
         return c;
     }
 };
@@ -171,7 +206,7 @@ struct DynamicPersistentGrid : LinearTiles {
         c.h = q % s.heads;
         c.b = q / s.heads;
         c.m_min = m_min_of(s, c.n);
-        c.m_end = s.num_m;
+        c.m_end = m_end_of(s, c.n);
         return c;
     }
 };
@@ -266,6 +301,8 @@ struct SymmetricShift {
         if (s.seqlen_q != s.seqlen_k) return "symmetric_shift needs seqlen_q == seqlen_k";
         if (s.num_n % 2 != 0) return "symmetric_shift needs an even number of K/V tiles";
         if (s.block_n != kS * s.block_m) return "symmetric_shift: block_n must be its pair step times block_m";
+        if (s.window_right != 0) return "symmetric_shift needs the causal mask (window right side 0)";
+        if (removes_causal_tiles(s)) return "symmetric_shift: the window removes tiles of the causal triangle";
         return nullptr;
     }
     FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int u) {
