@@ -23,6 +23,9 @@ from .schedule.tiles import canonical_window, check_window_size
 
 NO_WINDOW = (-1, -1)
 CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
+# The sliding-window kernels (the causal kernels with the window's bounds compiled in) have not run on a GPU yet: until
+# tests/test_window_gpu.py passes on one, CUDA tensors refuse a sliding window (the tests lift this for themselves).
+SLIDING_WINDOW_KERNELS_VALIDATED = False
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -73,10 +76,15 @@ def kernel_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
     return (False, NO_WINDOW) if window == NO_WINDOW else (True, window)
 
 
-def kernel_refusal(softcap: float, has_sink: bool) -> str | None:
-    """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can
-    (every window runs). The decision reads Python values only, so it is tested on any machine."""
+def kernel_refusal(softcap: float, has_sink: bool, sliding_window: tuple[int, int] | None = None) -> str | None:
+    """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
+    ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask), refused while
+    :data:`SLIDING_WINDOW_KERNELS_VALIDATED` is False. The decision reads Python values only, so it is tested on any
+    machine."""
     reasons = []
+    if sliding_window is not None and not SLIDING_WINDOW_KERNELS_VALIDATED:
+        reasons.append(f"window_size={sliding_window} (a sliding window: its kernels are built but have not passed "
+                       "their GPU tests yet)")
     if softcap != 0:
         reasons.append(f"softcap={softcap} (only 0.0 runs there)")
     if has_sink:
@@ -91,10 +99,12 @@ def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, has_si
                 seqlen_k: int) -> tuple[bool, tuple[int, int]]:
     """The kernels' ``(causal, window)`` for these features (:func:`kernel_window`); NotImplementedError
     (:func:`kernel_refusal`'s message) where they cannot run them."""
-    why = kernel_refusal(softcap, has_sink)
+    kernels = kernel_window(causal, window_size, seqlen_q, seqlen_k)
+    sliding = kernels[1] if kernels[1] not in (NO_WINDOW, CAUSAL_WINDOW) else None
+    why = kernel_refusal(softcap, has_sink, sliding)
     if why is not None:
         raise NotImplementedError(why)
-    return kernel_window(causal, window_size, seqlen_q, seqlen_k)
+    return kernels
 
 
 def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[int], seqlen_q: int,

@@ -31,7 +31,8 @@ def backward_schedule_used(
 
     ``window_size`` is ``flash_attn_func``'s: a window that is the full or causal mask on this shape answers for that
     mask (``(-1, 0)`` is the causal mask with or without ``causal``); a sliding window answers with the order its
-    kernels run (:func:`.launch.bwd_launch`). Softcap and sinks do not change the order.
+    kernels run (:func:`.launch.bwd_launch`), or raises what the kernels raise while they are not validated
+    (:func:`.features.kernel_mask`). Softcap and sinks do not change the order.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
     deterministic = checks.resolve_deterministic(deterministic)
@@ -92,9 +93,10 @@ def flash_attn_func(
             rows that see no key return 0 with lse = -inf. Sets the window's right side to 0 (as FlashAttention).
         window_size: ``(left, right)`` sliding window, ints >= -1 (-1 = unbounded): query i sees key j iff
             ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``. ``(-1, -1)`` is no window,
-            ``(-1, 0)`` the causal mask. On CUDA tensors a sliding window runs on the causal kernels, which skip
-            the tiles outside the band in both passes; its deterministic backward runs ``auto`` = descending,
-            ascending, descending or symmetric_shift (``shift`` raises NotImplementedError on a window).
+            ``(-1, 0)`` the causal mask. On CUDA tensors a sliding window has kernels (the causal kernels with the
+            window's bounds, skipping the tiles outside the band; deterministic ``auto`` = descending, ascending,
+            descending or symmetric_shift, ``shift`` refused) that have not passed their GPU tests yet: until then
+            it raises NotImplementedError (``features.SLIDING_WINDOW_KERNELS_VALIDATED``).
         learnable_sink: None, or (heads,) logits (fp16/bf16/fp32, also fp64 on CPU, on q's device), gpt-oss
             style: each row of head h gains a softmax column of logit ``sink[h]`` (not scaled, not capped) and no
             value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows.
