@@ -11,6 +11,7 @@
 #include "bwd/barriers.hpp"
 #include "bwd/epilogue.hpp"
 #include "bwd/kernel_params.hpp"
+#include "bwd/tile_mask.hpp"
 #include "common/utils.hpp"
 #include "schedule/tile_walk.hpp"
 
@@ -101,16 +102,12 @@ struct BwdMainloop {
                     wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
                     warpgroup_wait<1>();
                     float const* slse = &ss.smem_lse[s * kBlockM];
-                    // Query col sees keys up to col + off (causal) or [col + off - left, col + off + right] (local).
-                    int const right = Is_local ? sched.window_right : 0;
-                    bool const need_mask = (m_base + kBlockM > sched.seqlen_q) || (n_base + kBlockN > sched.seqlen_k) ||
-                                           (Is_causal && n_base + kBlockN - 1 > m_base + off + right) ||
-                                           (Is_local && n_base < m_base + kBlockM - 1 + off - sched.window_left);
+                    bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
                     if (need_mask && Is_local) {
                         // Each bound is one compare of an element's compile-time offset from the thread's first
                         // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
                         int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
-                        int const above = m_base - n_base + off + right - (r0 - c0);  // masked: dr - dc > above
+                        int const above = m_base - n_base + off + sched.window_right - (r0 - c0);  // dr - dc > above
                         int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
                         int const keys = sched.seqlen_k - n_base - r0, queries = sched.seqlen_q - m_base - c0;
                         CUTLASS_PRAGMA_UNROLL

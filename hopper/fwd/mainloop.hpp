@@ -8,6 +8,7 @@
 
 #include "common/utils.hpp"
 #include "fwd/barriers.hpp"
+#include "fwd/block_range.hpp"
 #include "fwd/softmax.hpp"
 #include "fwd/traits.h"
 #include "schedule/fwd_tile_scheduler.hpp"
@@ -53,23 +54,17 @@ struct FwdMainloopSm90 {
     static constexpr auto kHintQ = cute::TMA::CacheHintSm90::EVICT_NORMAL;
     static constexpr auto kHintKV = cute::TMA::CacheHintSm90::EVICT_NORMAL;
 
-    // The K/V blocks the m-block visits: [n_block_min, n_block_max); none (max <= min) when no row sees a key.
-    // Causal masks and windows are aligned bottom-right: row i sees key j iff
-    // i + sk - sq - window_left <= j <= i + sk - sq + window_right (the causal mask: left unbounded, right 0).
+    // The K/V blocks the m-block visits: [n_block_min, n_block_max); none (max <= min) when no row sees a key
+    // (fwd/block_range.hpp).
+    using Blocks = FwdBlockRange<kBlockM, kBlockN, kWindow>;
+    CUTE_DEVICE static FwdMaskShape mask_shape(Params const& p) {
+        return {p.seqlen_q, p.seqlen_k, p.is_causal, p.window_left, p.window_right};
+    }
     CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
-        int n = (p.seqlen_k + kBlockN - 1) / kBlockN;
-        if (p.is_causal) {
-            int const m_end = min(p.seqlen_q, Traits::first_row(p, m_block + 1));
-            int const col_end = m_end + p.seqlen_k - p.seqlen_q + (kWindow ? p.window_right : 0);  // exclusive
-            n = min(n, col_end <= 0 ? 0 : (col_end + kBlockN - 1) / kBlockN);
-        }
-        return n;
+        return Blocks::n_max(mask_shape(p), Traits::first_row(p, m_block));
     }
     CUTE_DEVICE static int n_block_min(Params const& p, int m_block) {
-        if (!kWindow) { return 0; }
-        int const row0 = max(0, Traits::first_row(p, m_block));
-        int const col0 = row0 + p.seqlen_k - p.seqlen_q - p.window_left;
-        return col0 <= 0 ? 0 : col0 / kBlockN;
+        return Blocks::n_min(mask_shape(p), Traits::first_row(p, m_block));
     }
 
     // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
@@ -228,15 +223,7 @@ struct FwdMainloopSm90 {
         // Mask keys >= seqlen_k and, if causal or windowed, keys outside [i + offset - left, i + offset + right].
         // Only blocks that straddle a boundary need it; the steps pick a masking or a plain body before issuing
         // their GEMMs.
-        auto needs_mask = [&](int row0, int n_block) {
-            int const col0 = n_block * kBlockN;
-            if constexpr (kWindow) {
-                return col0 + kBlockN > p.seqlen_k || col0 + kBlockN > row0 + offset + p.window_right + 1 ||
-                       col0 < row0 + kBlockM - 1 + offset - p.window_left;
-            } else {
-                return col0 + kBlockN > p.seqlen_k || (p.is_causal && col0 + kBlockN > row0 + offset + 1);
-            }
-        };
+        auto needs_mask = [&](int row0, int n_block) { return Blocks::needs_mask(mask_shape(p), row0, n_block); };
         auto apply_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
             CUTLASS_PRAGMA_UNROLL
@@ -415,11 +402,7 @@ struct FwdMainloopSm90 {
                 // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk; a window's
                 // left edge cuts the last ones (below n_unmasked_min), which the masked loop then runs again
                 // (a third copy of the step made ptxas spill).
-                int n_unmasked_min = n_min;
-                if constexpr (kWindow) {
-                    int const left_cut = row0 + kBlockM - 1 + offset - p.window_left;  // keys below it are cut
-                    if (left_cut > n_min * kBlockN) { n_unmasked_min = (left_cut + kBlockN - 1) / kBlockN; }
-                }
+                int const n_unmasked_min = Blocks::unmasked_min(mask_shape(p), row0, n_min);
                 do {
                     CUTLASS_PRAGMA_NO_UNROLL
                     for (; n >= n_min && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
