@@ -24,3 +24,10 @@ def build_host_program(tmp_path_factory, name: str, source: str) -> Path:
                          capture_output=True, text=True)
     assert res.returncode == 0, f"host build of {name}.cpp failed:\n{res.stderr}"
     return exe
+
+
+def run_int_cases(exe: Path, cases: list[tuple]) -> list[int]:
+    """Run a host program that reads one case of ints per line and prints one int per case."""
+    lines = "".join(" ".join(str(x) for x in c) + "\n" for c in cases)
+    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, timeout=600, check=True).stdout
+    return [int(x) for x in out.split()]

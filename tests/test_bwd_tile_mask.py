@@ -5,12 +5,11 @@ inside that holds a hidden pair (or one past seqlen_q / seqlen_k) takes the elem
 from __future__ import annotations
 
 import random
-import subprocess
 
 import pytest
 
 from flash_attn_dash import variants
-from host_cpp import build_host_program
+from host_cpp import build_host_program, run_int_cases
 
 CHECK_CPP = r"""
 #include <cstdio>
@@ -80,12 +79,6 @@ def checker(tmp_path_factory):
     return build_host_program(tmp_path_factory, "bwd_tile_mask", CHECK_CPP)
 
 
-def _run(exe, cases):
-    lines = "".join(" ".join(str(x) for x in c) + "\n" for c in cases)
-    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, timeout=600, check=True).stdout
-    return [int(x) for x in out.split()]
-
-
 @pytest.mark.parametrize("seed", range(3))
 def test_tile_ranges_and_masks(checker, seed):
     rng = random.Random(seed)
@@ -102,7 +95,7 @@ def test_tile_ranges_and_masks(checker, seed):
             left = rng.choice((UNBOUNDED, rng.randint(0, 600)))
             right = rng.choice((0, UNBOUNDED, rng.randint(0, 600)))
             cases.append((bm, bn, sq, sk, 1, 1, left, right))
-    results = _run(checker, cases)
+    results = run_int_cases(checker, cases)
     bad = [(c, r) for c, r in zip(cases, results) if r != 0]
     assert not bad, f"{len(bad)} cases wrong, first {bad[0]}"
 
@@ -113,4 +106,4 @@ def test_window_sides_on_tile_boundaries(checker):
     cases = [(bm, bn, sq, sk, 1, 1, left, right)
              for bm, bn in BWD_TILES for sq, sk in ((1024, 1024), (1000, 1100), (1100, 1000))
              for left in sides + (UNBOUNDED,) for right in sides[:6] + (UNBOUNDED,)]
-    assert _run(checker, cases) == [0] * len(cases)
+    assert run_int_cases(checker, cases) == [0] * len(cases)

@@ -6,12 +6,11 @@ windows, with the causal launch's shifted first tile. CPU only: needs g++ (or c+
 from __future__ import annotations
 
 import random
-import subprocess
 
 import pytest
 
 from flash_attn_dash import variants
-from host_cpp import build_host_program
+from host_cpp import build_host_program, run_int_cases
 
 CHECK_CPP = r"""
 #include <cstdio>
@@ -99,12 +98,6 @@ def checker(tmp_path_factory):
     return build_host_program(tmp_path_factory, "fwd_block_range", CHECK_CPP)
 
 
-def _run(exe, cases):
-    lines = "".join(" ".join(str(x) for x in c) + "\n" for c in cases)
-    out = subprocess.run([str(exe)], input=lines, capture_output=True, text=True, timeout=600, check=True).stdout
-    return [int(x) for x in out.split()]
-
-
 def _cases(seed: int, count: int):
     rng = random.Random(seed)
     cases = []
@@ -131,13 +124,13 @@ def test_fixed_windows(checker):
              for sq, sk in ((1024, 1024), (700, 1300), (1300, 700), (1, 1), (799, 3), (3, 799))
              for left, right in ((128, 0), (64, 64), (0, 0), (300, UNBOUNDED), (UNBOUNDED, 100), (1, 200))
              for off in (0, 37)]
-    assert _run(checker, cases) == [0] * len(cases)
+    assert run_int_cases(checker, cases) == [0] * len(cases)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_random_shapes(checker, seed):
     cases = _cases(seed, 60)
-    results = _run(checker, cases)
+    results = run_int_cases(checker, cases)
     bad = [(c, r) for c, r in zip(cases, results) if r != 0]
     assert not bad, f"{len(bad)} cases wrong, first {bad[0]} (code * 100000 + tile)"
 
@@ -148,4 +141,4 @@ def test_window_sides_on_block_boundaries(checker):
     cases = [(bm, bn, sq, sk, 1, 1, left, right, off)
              for bm, bn in FWD_TILES for sq, sk in ((1024, 1024), (1000, 1100), (1100, 1000))
              for left in sides + (UNBOUNDED,) for right in sides[:6] + (UNBOUNDED,) for off in (0, 64)]
-    assert _run(checker, cases) == [0] * len(cases)
+    assert run_int_cases(checker, cases) == [0] * len(cases)
