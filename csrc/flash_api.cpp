@@ -104,10 +104,18 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q) {
 }
 
 void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-             double softmax_scale, bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right) {
+             double softmax_scale, bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right,
+             const c10::optional<at::Tensor>& sink) {
     c10::cuda::CUDAGuard guard(q.device());
     FwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right);
+    if (sink.has_value()) {
+        TORCH_CHECK_VALUE(sink->is_cuda() && sink->device() == q.device() && sink->scalar_type() == at::kFloat &&
+                              sink->is_contiguous() && sink->dim() == 1 && sink->size(0) == q.size(2),
+                          "sink must be a contiguous fp32 tensor of shape (heads,) = (", num(q.size(2)),
+                          ",) on q's device");
+        p.sink = sink->data_ptr<float>();
+    }
     check_output(out, "out", q);
     check_lse(lse, q);
     p.out = out.data_ptr();

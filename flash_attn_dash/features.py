@@ -26,6 +26,9 @@ CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
 # The sliding-window kernels (the causal kernels with the window's bounds compiled in) have not run on a GPU yet: until
 # tests/test_window_gpu.py passes on one, CUDA tensors refuse a sliding window (the tests lift this for themselves).
 SLIDING_WINDOW_KERNELS_VALIDATED = False
+# The same for learnable sinks (the forward kernels' sink finalize; the backward adds the sink's gradient,
+# sink_grad_from_lse): refused on CUDA tensors until tests/test_sink_gpu.py passes on a GPU.
+SINK_KERNELS_VALIDATED = False
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -87,8 +90,8 @@ def kernel_refusal(softcap: float, has_sink: bool, sliding_window: tuple[int, in
                        "their GPU tests yet)")
     if softcap != 0:
         reasons.append(f"softcap={softcap} (only 0.0 runs there)")
-    if has_sink:
-        reasons.append("learnable_sink (only None runs there)")
+    if has_sink and not SINK_KERNELS_VALIDATED:
+        reasons.append("learnable_sink (its kernels are built but have not passed their GPU tests yet)")
     if not reasons:
         return None
     return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "
@@ -139,6 +142,17 @@ def sink_grad_buffer(learnable_sink: torch.Tensor | None, like: torch.Tensor) ->
     None-ness)."""
     size = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.zeros(size, dtype=torch.float32, device=like.device)
+
+
+def sink_grad_from_lse(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       learnable_sink: torch.Tensor) -> torch.Tensor:
+    """The sink's gradient (heads,) fp32 from a forward's ``out`` and ``lse`` (which includes the sink): every row's
+    output is scaled by 1 - p_sink, so dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * rowsum(dout * out).
+    The kernels' dq/dk/dv need no change (their P = exp(S - lse) already carries the sink). Torch's reductions add in a
+    fixed order, so the result is the same bits run to run."""
+    dpsum = (dout.float() * out.float()).sum(-1)  # (b, sq, h)
+    p_sink = torch.exp(learnable_sink.float()[None, :, None] - lse)  # (b, h, sq)
+    return -(p_sink * dpsum.transpose(1, 2)).sum(dim=(0, 2))
 
 
 def sink_grad(dsink: torch.Tensor, learnable_sink: torch.Tensor | None) -> torch.Tensor | None:

@@ -23,7 +23,7 @@ from .reference import attention_ref, attention_ref_grads
 torch.library.define(
     "flash_attn_dash::fwd_out",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, bool causal, "
-    "int sm_margin, int window_left=-1, int window_right=-1) -> ()",
+    "int sm_margin, int window_left=-1, int window_right=-1, Tensor? sink=None) -> ()",
 )
 torch.library.define(
     "flash_attn_dash::bwd_out",
@@ -91,11 +91,15 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
     check_cuda_inputs(q, k, v, sm_margin)
     if q.numel() == 0:
         return
-    if k.shape[1] == 0:  # no keys: every row sees nothing
+    if k.shape[1] == 0:  # no keys: every row sees nothing (but the sink)
         out.zero_()
-        lse.fill_(float("-inf"))
+        if learnable_sink is None:
+            lse.fill_(float("-inf"))
+        else:
+            lse.copy_(learnable_sink.to(torch.float32)[None, :, None].expand_as(lse))
         return
-    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin, *window)
+    sink = None if learnable_sink is None else learnable_sink.to(torch.float32).contiguous()
+    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin, *window, sink)
 
 
 @torch.library.custom_op("flash_attn_dash::fwd", mutates_args=())
@@ -153,6 +157,8 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         return
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
              window=window)
+    if learnable_sink is not None and dsink is not None:
+        dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
 
 
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())

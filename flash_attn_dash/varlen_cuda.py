@@ -39,7 +39,8 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
     window = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
-    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, False, sm_margin, window_size=window)
+    return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, False, sm_margin, window_size=window,
+                                       learnable_sink=learnable_sink)
 
 
 def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -47,10 +48,12 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, seqused_q: torch.Tensor | None,
                   seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool, deterministic: bool,
                   schedule: str, sm_margin: int, window_size: tuple[int, int], softcap: float,
-                  learnable_sink: torch.Tensor | None) -> None:
-    """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients."""
+                  learnable_sink: torch.Tensor | None, dsink: torch.Tensor | None = None) -> None:
+    """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients (and ``dsink``, zero-filled, with
+    a sink)."""
     window = _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, False, deterministic,
-                                      schedule, sm_margin, window_size=window)
+                                      schedule, sm_margin, window_size=window, learnable_sink=learnable_sink,
+                                      dsink=dsink)

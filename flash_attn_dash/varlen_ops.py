@@ -65,7 +65,7 @@ def varlen_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     if q.is_cuda:
         varlen_cuda.backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule,
-                                  sm_margin, window_size, softcap, learnable_sink)
+                                  sm_margin, window_size, softcap, learnable_sink, dsink)
         return
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])

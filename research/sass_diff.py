@@ -18,11 +18,11 @@ from pathlib import Path
 
 # BwdTraits<E, 64, 128, 128, 24, 240> (the variant table's tile and registers as template arguments) and the
 # older BwdTraits<E, 64> name the same kernel configuration.
-# The sliding-window flag (bwd Is_local, fwd kWindow) added to the kernels' template arguments: false is the
+# The sliding-window and sink flags (bwd Is_local, fwd kWindow, kSink) added to the kernels' template arguments: false is the
 # kernel that existed before it.
 KEY_RULES = [(re.compile(r"BwdTraits<([^,<>]+), (\d+)(?:, \d+){4}>"), r"BwdTraits<\1, \2>"),
              (re.compile(r"(bwd_kernel_sm90<[\w:]*BwdTraits<[^<>]*>, (?:true|false)), false,"), r"\1,"),
-             (re.compile(r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>), false>"), r"\1 >")]
+             (re.compile(r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>), false(?:, false)?>"), r"\1 >")]
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*/\* 0x[0-9a-f]+ \*/")
 _REG = re.compile(r"\bU?R[0-9]+\b|\bU?P[0-6]\b")
 

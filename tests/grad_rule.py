@@ -14,24 +14,24 @@ import torch
 from flash_attn_dash.reference import attention_ref
 
 
-def ref_grads(q, k, v, dout, causal, upcast, window_size=(-1, -1)):
+def ref_grads(q, k, v, dout, causal, upcast, window_size=(-1, -1), learnable_sink=None):
     """dq, dk, dv of the reference attention: in fp32 (``upcast``) or in the input dtype (autograd's baseline)."""
     qr, kr, vr = (x.detach().clone().requires_grad_(True) for x in (q, k, v))
     if upcast:
         qr, kr, vr = (x.detach().float().requires_grad_(True) for x in (q, k, v))
     out, _ = attention_ref(qr, kr, vr, softmax_scale=q.shape[-1] ** -0.5, causal=causal, upcast=upcast,
-                           window_size=window_size)
+                           window_size=window_size, learnable_sink=learnable_sink)
     grads = torch.autograd.grad(out, (qr, kr, vr), dout.to(out.dtype))
     return [torch.nan_to_num(g_) for g_ in grads]
 
 
-def stored_output_shift(q, k, v, dout, out, causal, window_size=(-1, -1)):
+def stored_output_shift(q, k, v, dout, out, causal, window_size=(-1, -1), learnable_sink=None):
     """How the fp32 gradients move when dPsum comes from the stored output ``out`` instead of the exact one:
     dS = P (dP - dPsum) moves by -P dD, dD = rowsum(dO * (out - O_exact)), so dQ moves by -scale dD (P K) and dK by
     -scale P^T (dD Q) (summed over a GQA group); dV does not move."""
     scale = q.shape[-1] ** -0.5
     qf, kf, vf = q.float(), k.float(), v.float()
-    ref = dict(softmax_scale=scale, causal=causal, window_size=window_size)
+    ref = dict(softmax_scale=scale, causal=causal, window_size=window_size, learnable_sink=learnable_sink)
     o_exact, _ = attention_ref(qf, kf, vf, **ref)
     dd = (dout.float() * (out.float() - o_exact)).sum(-1, keepdim=True)
     pk, _ = attention_ref(qf, kf, kf, **ref)
@@ -41,12 +41,12 @@ def stored_output_shift(q, k, v, dout, out, causal, window_size=(-1, -1)):
     return [torch.nan_to_num(-scale * dd * pk), torch.nan_to_num(-scale * p_t_ddq), 0.0]
 
 
-def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1)):
+def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1), learnable_sink=None):
     """Per gradient ``(name, err, bound)``; the rule holds where err <= bound. ``out`` is the stored output the
     backward was given; ``grads`` must have the inputs' shapes and dtype and no NaN (poisoned = unwritten)."""
-    ref = ref_grads(q, k, v, dout, causal, upcast=True, window_size=window_size)
-    pt = ref_grads(q, k, v, dout, causal, upcast=False, window_size=window_size)
-    shift = stored_output_shift(q, k, v, dout, out, causal, window_size)
+    ref = ref_grads(q, k, v, dout, causal, upcast=True, window_size=window_size, learnable_sink=learnable_sink)
+    pt = ref_grads(q, k, v, dout, causal, upcast=False, window_size=window_size, learnable_sink=learnable_sink)
+    shift = stored_output_shift(q, k, v, dout, out, causal, window_size, learnable_sink)
     rows = []
     for name, x, r, p, dr in zip(("dq", "dk", "dv"), grads, ref, pt, shift):
         assert x.shape == r.shape and x.dtype == q.dtype, name

@@ -25,6 +25,7 @@ struct FwdParams {
     // The band of the causal kernels: row i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]
     // (both >= 0; the causal mask is (kUnboundedWindow, 0)). Ignored by the full-mask kernels.
     int window_left, window_right;
+    const float* sink;  // (heads,) fp32 learnable sink logits (gpt-oss), or nullptr; forward only (lse includes it)
     int num_sms;     // CTAs the persistent grid may use: SM count - sm_margin
 };
 

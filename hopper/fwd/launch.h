@@ -17,7 +17,7 @@
 
 namespace flash_dash {
 
-template <class Traits, bool kWindow>
+template <class Traits, bool kWindow, bool kSink>
 void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     using namespace cute;
     using Element = typename Traits::Element;
@@ -57,6 +57,7 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         p.is_causal,
         p.window_left,
         p.window_right,
+        p.sink,
         static_cast<Element*>(p.out),
         int64_t(p.o_stride.row),
         int64_t(p.o_stride.head),
@@ -74,10 +75,20 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
 
-    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow>;
+    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("forward kernel");
+}
+
+// The kernel with or without the learnable sink's finalize.
+template <class Traits, bool kWindow>
+void launch_fwd_sink(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
+    if (p.sink != nullptr) {
+        launch_fwd_kernel<Traits, kWindow, true>(p, stream, l2_prefetch);
+    } else {
+        launch_fwd_kernel<Traits, kWindow, false>(p, stream, l2_prefetch);
+    }
 }
 
 // The forward of one head dim and dtype: Full and Causal are the kernels of the two masks (one type when the
@@ -88,11 +99,11 @@ template <class Full, class Causal>
 void launch_fwd(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal) {
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
     if (p.is_causal && is_sliding_window(p.window_left, p.window_right)) {
-        launch_fwd_kernel<Causal, true>(p, stream, l2_prefetch_causal);
+        launch_fwd_sink<Causal, true>(p, stream, l2_prefetch_causal);
     } else if (p.is_causal) {
-        launch_fwd_kernel<Causal, false>(p, stream, l2_prefetch_causal);
+        launch_fwd_sink<Causal, false>(p, stream, l2_prefetch_causal);
     } else {
-        launch_fwd_kernel<Full, false>(p, stream, l2_prefetch_full);
+        launch_fwd_sink<Full, false>(p, stream, l2_prefetch_full);
     }
 }
 

@@ -16,8 +16,9 @@
 namespace flash_dash {
 
 // kWindow: the kernel of sliding windows (a causal launch with a left side or a right side other than 0); the
-// others compile without the window's bounds.
-template <class Traits, bool kWindow>
+// others compile without the window's bounds. kSink: the kernel of learnable sinks (Params::sink), whose rows'
+// softmax denominators gain exp(sink[head]).
+template <class Traits, bool kWindow, bool kSink>
 struct FwdMainloopSm90 {
     using Element = typename Traits::Element;
     using Params = typename Traits::Params;
@@ -266,6 +267,15 @@ struct FwdMainloopSm90 {
             return __any_sync(0xffffffffu, moved) != 0;
         };
 
+        // The row stats of a finished tile: inv_sum and lse.
+        auto finalize = [&](FwdTile const& t) {
+            if constexpr (kSink) {
+                softmax.finalize_with_sink(p.softmax_scale, p.sink[t.head], inv_sum, lse);
+            } else {
+                softmax.finalize(p.softmax_scale, inv_sum, lse);
+            }
+        };
+
         // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
         // after the last tile).
         auto flush = [&]() {
@@ -277,7 +287,7 @@ struct FwdMainloopSm90 {
             warpgroup_fence_operand(tOrO);
             pipe_v.consumer_release(st_v);
             ++st_v;
-            softmax.finalize(p.softmax_scale, inv_sum, lse);
+            finalize(pv_tile);
             tile_done(pv_tile, inv_sum, lse);
             clear(tOrO);
             pv_pending = false;
@@ -290,7 +300,7 @@ struct FwdMainloopSm90 {
             if (n_max <= n_min) {
                 if (pv_pending) { flush(); }
                 softmax.reset();
-                softmax.finalize(p.softmax_scale, inv_sum, lse);  // no key: inv_sum 0, lse -inf
+                finalize(tile);  // no key: inv_sum 0, lse -inf (the sink with one)
                 tile_done(tile, inv_sum, lse);
                 continue;
             }
@@ -330,7 +340,7 @@ struct FwdMainloopSm90 {
             auto step = [&](auto const& mask, bool first) {
                 // On a tile's first step the pending PV is the previous tile's last: its row stats are final.
                 auto finalize_previous = [&]() {
-                    softmax.finalize(p.softmax_scale, inv_sum, lse);
+                    finalize(pv_tile);
                     softmax.reset();
                 };
                 if (kPin && first) { finalize_previous(); }

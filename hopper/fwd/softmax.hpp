@@ -64,6 +64,24 @@ struct OnlineSoftmax {
             lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
         }
     }
+
+    // finalize with a learnable sink (gpt-oss): the row's softmax denominator gains exp(sink), a logit in natural
+    // units that takes no value, so O is scaled by exp(a - M) / (sum exp(a - M) + exp(sink - M)) with a the row's
+    // scaled max and M = max(a, sink); lse includes the sink (a row without a visible key: O = 0, lse = sink).
+    CUTE_DEVICE void finalize_with_sink(float softmax_scale, float sink, float (&o_scale)[kNRows],
+                                        float (&lse)[kNRows]) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int r = 0; r < kNRows; ++r) {
+            float const sum = quad_allreduce_sum(row_sum[r]);
+            bool const empty = (sum == 0.f) || (sum != sum);
+            float const a = empty ? -INFINITY : row_max[r] * softmax_scale;
+            float const m = fmaxf(a, sink);
+            float const share = empty ? 0.f : expf(a - m);
+            float const total = fmaf(sum, share, expf(sink - m));
+            o_scale[r] = share / total;
+            lse[r] = m + logf(total);
+        }
+    }
 };
 
 template <int kNRows, class TensorO>

@@ -143,6 +143,7 @@ struct FwdKernelTraits {
         float softmax_scale, scale_log2;
         bool is_causal;
         int window_left, window_right;  // is_causal: row i sees keys [i + sk - sq - left, i + sk - sq + right]
+        float const* sink;              // (heads,) learnable sink logits, read by the kSink kernels
         // Direct (unstaged) O store only: the output tensor and its element strides.
         Element* o_ptr;
         int64_t o_row_stride, o_head_stride, o_batch_stride;
