@@ -18,11 +18,9 @@ from collections.abc import Sequence
 
 import torch
 
-from .launch import check_schedule, check_schedule_name
+from .launch import CAUSAL_WINDOW, NO_WINDOW, check_schedule, check_schedule_name
 from .schedule.tiles import canonical_window, check_window_size
 
-NO_WINDOW = (-1, -1)
-CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
 # The sliding-window kernels (the causal kernels with the window's bounds compiled in) have not run on a GPU yet: until
 # tests/test_window_gpu.py passes on one, CUDA tensors refuse a sliding window (the tests lift this for themselves).
 SLIDING_WINDOW_KERNELS_VALIDATED = False

@@ -19,6 +19,7 @@ from .schedule.orders import claim_group, fallback_reason, num_ctas
 from .schedule.tiles import TileGrid
 
 NO_WINDOW = (-1, -1)
+CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch:
     Raises ValueError for a schedule not defined for the mask or a head dim without a backward kernel.
     """
     mask = model_mask(causal, window)
-    windowed = window not in (NO_WINDOW, (-1, 0))
+    windowed = window not in (NO_WINDOW, CAUSAL_WINDOW)
     if windowed:
         check_schedule_name(schedule)
     else:
