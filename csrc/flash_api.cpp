@@ -72,9 +72,10 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     TORCH_CHECK_VALUE(causal || (window_left == -1 && window_right == -1),
                       "a window runs on the causal kernels (causal=True), got causal=False with window (",
                       num(window_left), ", ", num(window_right), ")");
-    // Every window bound the kernels form (i + sk - sq +- side) stays inside int32.
-    TORCH_CHECK_VALUE(p.seqlen_q < kUnboundedWindow && p.seqlen_k < kUnboundedWindow,
-                      "seqlen_q and seqlen_k must be < 2^30, got ", num(p.seqlen_q), " and ", num(p.seqlen_k));
+    // Every window bound the kernels form (i + sk - sq +- side, sides up to kUnboundedWindow = 2^30) stays inside
+    // int32.
+    TORCH_CHECK_VALUE(p.seqlen_q < kUnboundedWindow / 2 && p.seqlen_k < kUnboundedWindow / 2,
+                      "seqlen_q and seqlen_k must be < 2^29, got ", num(p.seqlen_q), " and ", num(p.seqlen_k));
     p.window_left = window_side(window_left, "window_left");
     p.window_right = window_right == -1 && causal && window_left == -1 ? 0 : window_side(window_right, "window_right");
     p.num_sms = grid_size(q, sm_margin);

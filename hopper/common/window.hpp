@@ -3,7 +3,7 @@
 
 namespace flash_dash {
 
-// A window side that clips nothing: larger than any key distance (the host keeps seqlens below 2^30, so every
+// A window side that clips nothing: larger than any key distance (the host keeps seqlens below 2^29, so every
 // bound formed with it stays inside int32). The causal mask is (kUnboundedWindow, 0).
 constexpr int kUnboundedWindow = 1 << 30;
 
