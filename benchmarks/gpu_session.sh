@@ -2,7 +2,7 @@
 # One GPU-machine call: build, GPU tests, compute-sanitizer, benchmarks (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize bench (quick) bench-attn bench-block bench-varlen
+#   steps: build tests sanitize bench (quick) bench-attn bench-block bench-varlen bench-window
 #   (default: build tests sanitize bench)
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
@@ -67,6 +67,12 @@ if has bench-varlen; then  # --quick subset of the packs, ours + FA4 + cuDNN
   timeout 420 python3 benchmarks/bench_varlen.py --quick ${VARLEN_ARGS:-} \
     --json "benchmarks/results/$(date -u +%F-%H%M)-varlen.json" > "$LOG/bench-varlen.log" 2>&1
   summary+=("bench-varlen rc $?")
+  pack
+fi
+if has bench-window; then  # gpt-oss / Mistral windows and the causal baseline, ours + FA4 (WINDOW_ARGS)
+  timeout 420 python3 benchmarks/bench_window.py ${WINDOW_ARGS:-} \
+    --json "benchmarks/results/$(date -u +%F-%H%M)-window.json" > "$LOG/bench-window.log" 2>&1
+  summary+=("bench-window rc $?")
   pack
 fi
 pack && rm -rf "$LOG"
