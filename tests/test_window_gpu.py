@@ -3,6 +3,8 @@ reference (tests/grad_rule.py's rule), every order the kernels run on a window, 
 bitwise determinism, rows that see no key, the public functions and the varlen path. GPU only."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 
@@ -74,6 +76,12 @@ def test_window_fwd_matches_reference(sq, sk, b, h, hk, causal, window, d, dtype
 @pytest.mark.parametrize("sq,sk", SHAPES)
 def test_window_bwd_matches_reference(sq, sk, b, h, hk, causal, window, schedule, deterministic, d, dtype):
     q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, dtype, causal, window_size=window)
+    try:
+        features.check_schedule_on_mask(schedule, causal, window, sq, sk)
+    except ValueError as refusal:  # the window covers the full mask here, and the order is not one of the full mask's
+        with pytest.raises(ValueError, match=re.escape(str(refusal))):
+            _bwd_window(dout, q, k, v, out, lse, causal, window, deterministic, schedule)
+        return
     grads, _ = _bwd_window(dout, q, k, v, out, lse, causal, window, deterministic, schedule)
     _wait()
     for name, err, bound in tolerance_rule(q, k, v, dout, out, grads, causal, window_size=window):
