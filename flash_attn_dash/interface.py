@@ -41,7 +41,7 @@ def backward_schedule_used(
     shape = checks.check_tensors(q, k, k)
     window, _ = features.check_features(causal, window_size, 0.0, None, schedule, shape.heads, shape.seqlen_q,
                                         shape.seqlen_k, q)
-    causal, window = features.kernel_mask(causal, window, 0.0, False, shape.seqlen_q, shape.seqlen_k)
+    causal, window = features.kernel_mask(causal, window, 0.0, shape.seqlen_q, shape.seqlen_k)
     checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     return bwd_launch(causal, shape.head_dim, shape.seqlen_q, shape.seqlen_k, shape.batch, shape.heads, num_sms,
@@ -99,8 +99,8 @@ def flash_attn_func(
             it raises NotImplementedError (``features.SLIDING_WINDOW_KERNELS_VALIDATED``).
         learnable_sink: None, or (heads,) logits (fp16/bf16/fp32, also fp64 on CPU, on q's device), gpt-oss
             style: each row of head h gains a softmax column of logit ``sink[h]`` (not scaled, not capped) and no
-            value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows.
-            CPU tensors only for now (NotImplementedError on CUDA).
+            value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows
+            (a fixed-order reduction: the same bits run to run).
         softcap: 0.0 (off) or a finite cap > 0: scores become ``softcap * tanh(softmax_scale * q·k / softcap)``.
             CPU tensors only for now (NotImplementedError on CUDA).
         deterministic: make dq/dk/dv bitwise reproducible run to run by fixing the order of the dQ

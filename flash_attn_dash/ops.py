@@ -86,8 +86,7 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return
-    causal, window = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1],
-                                          k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1])
     check_cuda_inputs(q, k, v, sm_margin)
     if q.numel() == 0:
         return
@@ -151,8 +150,7 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         if dsink is not None and grads.dsink is not None:
             dsink.copy_(grads.dsink)
         return
-    causal, window = features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, q.shape[1],
-                                          k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1])
     _ext.require_kernels()
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):

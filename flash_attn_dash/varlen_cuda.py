@@ -24,7 +24,7 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int,
     (every sequence's view shares their strides and alignment). Each sequence's dense call then takes ``(causal,
     window_size)`` as given, so it runs what flash_attn_func runs for that sequence alone (the reproducibility
     contract); a side that clips nothing at the maximum lengths clips nothing in any sequence (FlashAttention-3)."""
-    features.kernel_mask(causal, window_size, softcap, learnable_sink is not None, max_seqlen_q, max_seqlen_k)
+    features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k)
     ops.check_cuda_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin)
 
 

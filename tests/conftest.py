@@ -28,12 +28,3 @@ def window_kernels(monkeypatch):
     from flash_attn_dash import features
 
     monkeypatch.setattr(features, "SLIDING_WINDOW_KERNELS_VALIDATED", True)
-
-
-@pytest.fixture
-def sink_kernels(monkeypatch):
-    """Lift the refusal of learnable sinks on CUDA tensors (features.SINK_KERNELS_VALIDATED) for tests of the sink
-    kernels."""
-    from flash_attn_dash import features
-
-    monkeypatch.setattr(features, "SINK_KERNELS_VALIDATED", True)

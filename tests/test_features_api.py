@@ -446,24 +446,25 @@ def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_
     if expected is None and not features.SLIDING_WINDOW_KERNELS_VALIDATED:  # refused until their GPU tests pass
         with pytest.raises(NotImplementedError, match=rf"window_size=\({canon[0]}, {canon[1]}\) \(a sliding window: "
                                                       "its kernels are built but have not passed their GPU tests yet\)"):
-            features.kernel_mask(causal, window, 0.0, False, seqlen_q, seqlen_k)
+            features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k)
     else:
-        assert features.kernel_mask(causal, window, 0.0, False, seqlen_q, seqlen_k) == kernels
+        assert features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k) == kernels
 
 
 def test_kernel_refusal_names_every_unsupported_argument():
-    why = features.kernel_refusal(30.0, True)
-    assert why == ("the sm90 kernels do not support softcap=30.0 (only 0.0 runs there); learnable_sink (its kernels "
-                   "are built but have not passed their GPU tests yet) yet. CPU tensors run the PyTorch reference with "
-                   "every feature.")
-    assert features.kernel_refusal(0.0, False) is None
-    assert "softcap=0.5" in features.kernel_refusal(0.5, False)
-    assert features.kernel_refusal(0.0, True).startswith("the sm90 kernels do not support learnable_sink")
+    why = features.kernel_refusal(30.0, (128, 0))
+    expect = ("the sm90 kernels do not support window_size=(128, 0) (a sliding window: its kernels are built but have "
+              "not passed their GPU tests yet); softcap=30.0 (only 0.0 runs there) yet. CPU tensors run the PyTorch "
+              "reference with every feature.")
+    assert why == (expect if not features.SLIDING_WINDOW_KERNELS_VALIDATED else
+                   "the sm90 kernels do not support softcap=30.0 (only 0.0 runs there) yet. CPU tensors run the "
+                   "PyTorch reference with every feature.")
+    assert features.kernel_refusal(0.0) is None
+    assert "softcap=0.5" in features.kernel_refusal(0.5)
 
 
 REFUSED = [
     (dict(softcap=50.0), r"softcap=50.0 \(only 0.0 runs there\)"),
-    (dict(sink=True), r"learnable_sink \(its kernels are built but have not passed their GPU tests yet\)"),
 ]
 
 
@@ -490,9 +491,6 @@ def _cuda_entry_points():
 @pytest.mark.parametrize("kwargs,match", REFUSED)
 def test_cuda_tensors_refuse_what_the_kernels_lack_at_the_call(kwargs, match):
     with FakeTensorMode():
-        kwargs = dict(kwargs)
-        if kwargs.pop("sink", False):
-            kwargs["learnable_sink"] = torch.zeros(4, device="cuda")
         for call in _cuda_entry_points().values():
             with pytest.raises(NotImplementedError, match=match):
                 call(**kwargs)
@@ -528,6 +526,17 @@ def test_cuda_tensors_run_windows_that_are_a_mask():
                                             "torch.float32 on cuda"):
             _cuda_entry_points()["flash_attn_func"](learnable_sink=torch.zeros(4, dtype=torch.float64,
                                                                                   device="cuda"))
+
+
+def test_cuda_tensors_run_learnable_sinks():
+    """Sinks passed their GPU tests (tests/test_sink_gpu.py): every entry point runs one on (fake) CUDA tensors, in
+    each dtype the kernels take, alone and with the causal mask."""
+    with FakeTensorMode():
+        for name, call in _cuda_entry_points().items():
+            for dtype in (torch.float16, torch.bfloat16, torch.float32):
+                for kwargs in (dict(), dict(causal=True)):
+                    out = call(learnable_sink=torch.zeros(4, dtype=dtype, device="cuda"), **kwargs)
+                    assert out.is_cuda and out.shape[-2:] == (4, 64), name
 
 
 @pytest.fixture
@@ -586,19 +595,15 @@ def test_windows_that_are_a_mask_launch_exactly_the_plain_call(cuda_spies, causa
     assert all(features.kernel_window(causal, window, 64, 64) == (plain_causal, kernel_window) for _ in varlen)
 
 
-@pytest.mark.parametrize("softcap,sink", [(3.0, False), (0.0, True)])
-def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies, softcap, sink):
+def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
-        learnable_sink = torch.zeros(4, device="cuda") if sink else None
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support"):
-            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, softcap=softcap, learnable_sink=learnable_sink)
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support"):
-            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, softcap=softcap,
-                              learnable_sink=learnable_sink)
+        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=3.0"):
+            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, softcap=3.0)
+        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=3.0"):
+            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, softcap=3.0)
         vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
-        with pytest.raises(NotImplementedError, match="learnable_sink" if sink else "softcap=3.0"):
-            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), softcap,
-                                learnable_sink)
+        with pytest.raises(NotImplementedError, match="softcap=3.0"):
+            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), 3.0, None)
     assert cuda_spies == []

@@ -534,18 +534,18 @@ def test_sliding_window_in_the_attention_call_is_transformers_mask(window, causa
 
 @pytest.mark.usefixtures("window_kernels")
 def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_run():
-    """Fake CUDA tensors (metadata only, no GPU): a softcap and a sink raise the kernels' NotImplementedError from
-    the call, naming the argument; windows run, whether they mask keys or not, dense and packed."""
+    """Fake CUDA tensors (metadata only, no GPU): a softcap raises the kernels' NotImplementedError from the call,
+    naming the argument; sinks run, and windows, whether they mask keys or not, dense and packed."""
     layer = torch.nn.Module()
     layer.is_causal = True
     with FakeTensorMode():
         q = torch.empty(1, 4, SEQ, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(1, 2, SEQ, 64, dtype=torch.bfloat16, device="cuda")
-        for kwargs, match in (({"softcap": 50.0}, r"softcap=50.0 \(only 0.0 runs there\)"),
-                              ({"s_aux": torch.empty(4, dtype=torch.bfloat16, device="cuda")},
-                               r"learnable_sink \(its kernels are built but have not passed their GPU tests yet\)")):
-            with pytest.raises(NotImplementedError, match="the sm90 kernels do not support " + match):
-                hf.attention_forward(layer, q, k, k, None, **kwargs)
+        with pytest.raises(NotImplementedError, match=r"the sm90 kernels do not support softcap=50.0 \(only 0.0 runs "
+                                                      r"there\)"):
+            hf.attention_forward(layer, q, k, k, None, softcap=50.0)
+        sink = torch.empty(4, dtype=torch.bfloat16, device="cuda")
+        assert hf.attention_forward(layer, q, k, k, None, s_aux=sink)[0].shape == (1, SEQ, 4, 64)
         assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ)[0].shape == (1, SEQ, 4, 64)
         assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ - 1)[0].shape == (1, SEQ, 4, 64)
         cu = torch.tensor([0, 6, SEQ], device="cuda")
