@@ -25,8 +25,10 @@ CONFIG = dict(vocab_size=512, hidden_size=512, intermediate_size=1024, num_hidde
 
 
 def _model(impl: str, config: Any = None) -> torch.nn.Module:
+    """A model of its own copy of ``config``: from_config writes the implementation into the config it is given, and
+    every layer reads it at each call, so two models built from one config would both run the last one's."""
     torch.manual_seed(0)
-    config = LlamaConfig(**CONFIG) if config is None else config
+    config = LlamaConfig(**CONFIG) if config is None else copy.deepcopy(config)
     return AutoModelForCausalLM.from_config(config, attn_implementation=impl, dtype=torch.bfloat16).cuda()
 
 
@@ -71,6 +73,7 @@ def test_forward_backward_bitwise_reproducible(case):
 
 def _errors_vs_fp32(ours: torch.nn.Module, sdpa: torch.nn.Module, case: str) -> tuple[float, float]:
     """Max |logits - fp32 sdpa logits| of ``ours`` and of bf16 ``sdpa`` (same weights) on the case's batch."""
+    assert ours.config._attn_implementation != sdpa.config._attn_implementation
     reference = copy.deepcopy(sdpa).float()
     embeds, kwargs = _embeds(), _case(case)
     keep = kwargs["attention_mask"].bool() if case == "padding" else slice(None)
