@@ -7,8 +7,8 @@ checks, the mask a window describes for a shape (FlashAttention-3's canonical fo
 
 The full-mask kernels run the full mask; the causal kernels run the causal mask and every other window, whose two
 sides they take at run time (:func:`kernel_window`); the forward kernels fold a sink into each row's softmax.
-``softcap != 0`` (and, until their GPU tests pass, a sliding window) is refused on CUDA tensors with a
-NotImplementedError naming the argument, before anything is launched. CPU tensors run the
+``softcap != 0`` is refused on CUDA tensors with a NotImplementedError naming the argument, before anything is
+launched. CPU tensors run the
 reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
 torch.compile's fake tensors too.
 """
@@ -22,9 +22,6 @@ import torch
 from .launch import CAUSAL_WINDOW, NO_WINDOW, check_schedule, check_schedule_name
 from .schedule.tiles import canonical_window, check_window_size
 
-# The sliding-window kernels (the causal kernels with the window's bounds compiled in) have not run on a GPU yet: until
-# tests/test_window_gpu.py passes on one, CUDA tensors refuse a sliding window (the tests lift this for themselves).
-SLIDING_WINDOW_KERNELS_VALIDATED = False
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -75,15 +72,10 @@ def kernel_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
     return (False, NO_WINDOW) if window == NO_WINDOW else (True, window)
 
 
-def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None) -> str | None:
+def kernel_refusal(softcap: float) -> str | None:
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
-    ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask), refused while
-    :data:`SLIDING_WINDOW_KERNELS_VALIDATED` is False. The decision reads Python values only, so it is tested on any
-    machine."""
+    The decision reads Python values only, so it is tested on any machine."""
     reasons = []
-    if sliding_window is not None and not SLIDING_WINDOW_KERNELS_VALIDATED:
-        reasons.append(f"window_size={sliding_window} (a sliding window: its kernels are built but have not passed "
-                       "their GPU tests yet)")
     if softcap != 0:
         reasons.append(f"softcap={softcap} (only 0.0 runs there)")
     if not reasons:
@@ -96,12 +88,10 @@ def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, seqlen
                 seqlen_k: int) -> tuple[bool, tuple[int, int]]:
     """The kernels' ``(causal, window)`` for these features (:func:`kernel_window`); NotImplementedError
     (:func:`kernel_refusal`'s message) where they cannot run them."""
-    kernels = kernel_window(causal, window_size, seqlen_q, seqlen_k)
-    sliding = kernels[1] if kernels[1] not in (NO_WINDOW, CAUSAL_WINDOW) else None
-    why = kernel_refusal(softcap, sliding)
+    why = kernel_refusal(softcap)
     if why is not None:
         raise NotImplementedError(why)
-    return kernels
+    return kernel_window(causal, window_size, seqlen_q, seqlen_k)
 
 
 def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[int], seqlen_q: int,

@@ -93,10 +93,9 @@ def flash_attn_func(
             rows that see no key return 0 with lse = -inf. Sets the window's right side to 0 (as FlashAttention).
         window_size: ``(left, right)`` sliding window, ints >= -1 (-1 = unbounded): query i sees key j iff
             ``i + seqlen_k - seqlen_q - left <= j <= i + seqlen_k - seqlen_q + right``. ``(-1, -1)`` is no window,
-            ``(-1, 0)`` the causal mask. On CUDA tensors a sliding window has kernels (the causal kernels with the
-            window's bounds, skipping the tiles outside the band; deterministic ``auto`` = descending, ascending,
-            descending or symmetric_shift, ``shift`` refused) that have not passed their GPU tests yet: until then
-            it raises NotImplementedError (``features.SLIDING_WINDOW_KERNELS_VALIDATED``).
+            ``(-1, 0)`` the causal mask. On CUDA tensors a sliding window runs the causal kernels with the window's
+            bounds, skipping the tiles outside the band (deterministic ``auto`` = descending; ascending, descending
+            or symmetric_shift on request; ``shift`` refused).
         learnable_sink: None, or (heads,) logits (fp16/bf16/fp32, also fp64 on CPU, on q's device), gpt-oss
             style: each row of head h gains a softmax column of logit ``sink[h]`` (not scaled, not capped) and no
             value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows

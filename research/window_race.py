@@ -10,11 +10,9 @@ sys.path.insert(0, "tests")
 from test_bwd_gpu import _blocks, _inputs, _trace_buffer  # noqa: E402
 from test_window_gpu import _bwd_window, _kernel  # noqa: E402
 
-from flash_attn_dash import features  # noqa: E402
 from flash_attn_dash.launch import model_mask  # noqa: E402
 from flash_attn_dash.schedule import build_plan  # noqa: E402
 
-features.SLIDING_WINDOW_KERNELS_VALIDATED = True
 REPS = int(sys.argv[1]) if len(sys.argv) > 1 else 200
 side = torch.cuda.Stream()
 a = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16)

@@ -20,11 +20,3 @@ def pytest_collection_modifyitems(config, items):
         if "gpu" in item.keywords and not HAS_SM90:
             item.add_marker(skip)
 
-
-@pytest.fixture
-def window_kernels(monkeypatch):
-    """Lift the refusal of sliding windows on CUDA tensors (features.SLIDING_WINDOW_KERNELS_VALIDATED) for tests of
-    the window kernels and of what the API does once they run."""
-    from flash_attn_dash import features
-
-    monkeypatch.setattr(features, "SLIDING_WINDOW_KERNELS_VALIDATED", True)

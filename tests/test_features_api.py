@@ -391,7 +391,6 @@ def test_windows_that_are_a_mask_take_that_masks_schedules():
         call(window_size=(3, 2), schedule="symmetric_shift")
 
 
-@pytest.mark.usefixtures("window_kernels")
 def test_schedule_used_answers_for_the_mask_a_window_is():
     q, k = torch.empty(1, 512, 2, 64), torch.empty(1, 512, 2, 64)
     for deterministic in (True, False):
@@ -443,22 +442,12 @@ def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_
     canon = canonical_window(causal, window, seqlen_q, seqlen_k)
     kernels = {False: (False, (-1, -1)), True: (True, (-1, 0)), None: (True, canon)}[expected]
     assert features.kernel_window(causal, window, seqlen_q, seqlen_k) == kernels
-    if expected is None and not features.SLIDING_WINDOW_KERNELS_VALIDATED:  # refused until their GPU tests pass
-        with pytest.raises(NotImplementedError, match=rf"window_size=\({canon[0]}, {canon[1]}\) \(a sliding window: "
-                                                      "its kernels are built but have not passed their GPU tests yet\)"):
-            features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k)
-    else:
-        assert features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k) == kernels
+    assert features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k) == kernels
 
 
 def test_kernel_refusal_names_every_unsupported_argument():
-    why = features.kernel_refusal(30.0, (128, 0))
-    expect = ("the sm90 kernels do not support window_size=(128, 0) (a sliding window: its kernels are built but have "
-              "not passed their GPU tests yet); softcap=30.0 (only 0.0 runs there) yet. CPU tensors run the PyTorch "
-              "reference with every feature.")
-    assert why == (expect if not features.SLIDING_WINDOW_KERNELS_VALIDATED else
-                   "the sm90 kernels do not support softcap=30.0 (only 0.0 runs there) yet. CPU tensors run the "
-                   "PyTorch reference with every feature.")
+    assert features.kernel_refusal(30.0) == ("the sm90 kernels do not support softcap=30.0 (only 0.0 runs there) "
+                                             "yet. CPU tensors run the PyTorch reference with every feature.")
     assert features.kernel_refusal(0.0) is None
     assert "softcap=0.5" in features.kernel_refusal(0.5)
 
@@ -496,25 +485,9 @@ def test_cuda_tensors_refuse_what_the_kernels_lack_at_the_call(kwargs, match):
                 call(**kwargs)
 
 
-def test_cuda_tensors_refuse_sliding_windows_until_their_kernels_pass_on_a_gpu():
-    """features.SLIDING_WINDOW_KERNELS_VALIDATED is False: every entry point refuses a sliding window on (fake) CUDA
-    tensors at the call, naming it, and backward_schedule_used answers what a GPU build raises; windows that are a
-    mask still run."""
-    assert not features.SLIDING_WINDOW_KERNELS_VALIDATED
-    with FakeTensorMode():
-        for call in _cuda_entry_points().values():
-            for kwargs in (dict(window_size=(3, 0)), dict(causal=True, window_size=(2, 7)), dict(window_size=(8, 8))):
-                with pytest.raises(NotImplementedError, match="a sliding window: its kernels are built but have "
-                                                              "not passed their GPU tests yet"):
-                    call(**kwargs)
-            call(window_size=(-1, 0))
-    q = torch.empty(1, 512, 2, 64)
-    with pytest.raises(NotImplementedError, match=r"window_size=\(128, 0\) \(a sliding window"):
-        backward_schedule_used(q, q, window_size=(128, 0))
-
-
-@pytest.mark.usefixtures("window_kernels")
-def test_cuda_tensors_run_windows_that_are_a_mask():
+def test_cuda_tensors_run_windows_and_masks():
+    """Every entry point runs sliding windows and the windows that are a mask on (fake) CUDA tensors (the window
+    kernels passed tests/test_window_gpu.py on the H200); a sink in a dtype the kernels lack is refused."""
     with FakeTensorMode():
         for name, call in _cuda_entry_points().items():
             for kwargs in (dict(window_size=(-1, 0)), dict(causal=True, window_size=(63, 9)),

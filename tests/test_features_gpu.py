@@ -59,7 +59,6 @@ def test_windows_that_are_a_mask_give_the_plain_calls_bits(window, causal, plain
         assert all(torch.equal(a, b) for a, b in zip(*runs)), name
 
 
-@pytest.mark.usefixtures("window_kernels")
 def test_schedule_used_follows_the_mask_a_window_is():
     q = torch.empty(1, 4096, 8, 128, device="cuda", dtype=torch.bfloat16)
     assert backward_schedule_used(q, q, window_size=(-1, 0)) == backward_schedule_used(q, q, causal=True)

@@ -532,7 +532,6 @@ def test_sliding_window_in_the_attention_call_is_transformers_mask(window, causa
     assert weights is None
 
 
-@pytest.mark.usefixtures("window_kernels")
 def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_run():
     """Fake CUDA tensors (metadata only, no GPU): a softcap raises the kernels' NotImplementedError from the call,
     naming the argument; sinks run, and windows, whether they mask keys or not, dense and packed."""

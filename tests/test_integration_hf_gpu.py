@@ -107,7 +107,6 @@ def test_a_window_that_masks_no_key_runs_the_plain_kernels(case):
     assert all(torch.equal(a, b) for a, b in zip(grads_w, grads_p))
 
 
-@pytest.mark.usefixtures("window_kernels")
 @pytest.mark.parametrize("case", ["dense", "padding", "packed"])
 def test_a_mistral_sliding_window_runs_as_close_to_fp32_as_sdpa(case):
     """A window of 64 tokens (masking keys in every batch) runs on the kernels: logits as close to an fp32 sdpa

@@ -1,7 +1,7 @@
 """Learnable sinks (gpt-oss) on the sm90 kernels: the forward's sink finalize (out and lse against the fp32 reference,
 rows that see no key give out = 0 and lse = sink), the backward's dq/dk/dv (tests/grad_rule.py's rule, with the sink)
 and dsink against the reference, alone and with sliding windows, bitwise repeats of the deterministic backward. GPU
-only; window_kernels lifts the API's refusal of sliding windows for the cases with one."""
+only."""
 from __future__ import annotations
 
 import math
@@ -15,7 +15,7 @@ from kernel_head_dims import gpu_head_dims
 from flash_attn_dash import flash_attn_func
 from flash_attn_dash.reference import attention_ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("window_kernels")]
+pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
 DTYPES = [torch.bfloat16, torch.float16]

@@ -16,9 +16,8 @@ from test_fwd_gpu import _check as _check_fwd
 from flash_attn_dash import features, flash_attn_func, flash_attn_varlen_func
 from flash_attn_dash.launch import model_mask
 
-# tests/conftest.py skips them without an sm90 GPU and the kernels; window_kernels lifts the API's refusal of sliding
-# windows (features.SLIDING_WINDOW_KERNELS_VALIDATED: set it to True once these pass on a GPU).
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("window_kernels")]
+# tests/conftest.py skips them without an sm90 GPU and the kernels.
+pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
 DTYPES = [torch.bfloat16, torch.float16]
