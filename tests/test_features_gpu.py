@@ -34,16 +34,10 @@ def _entry_points():
     }
 
 
-@pytest.mark.parametrize("kwargs,match", [
-    (dict(softcap=30.0), "softcap=30.0"),
-    (dict(learnable_sink=True), "learnable_sink"),
-])
-def test_what_the_kernels_lack_is_refused_before_launch(kwargs, match):
-    if kwargs.get("learnable_sink"):  # made here: collection runs on machines without CUDA too
-        kwargs = dict(learnable_sink=torch.zeros(4, device="cuda"))
+def test_what_the_kernels_lack_is_refused_before_launch():
     for call, _ in _entry_points().values():
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support .*" + match):
-            call(**kwargs)
+        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=30.0"):
+            call(softcap=30.0)
 
 
 @pytest.mark.parametrize("window,causal,plain_causal", [
