@@ -77,16 +77,16 @@ static void run(SchedShape const& s) {
 
 int main() {
     char mask[16];
-    int sq, sk, bm, bn, batch, heads, grid, group, sched, left, right;
-    // one case per line: mask sq sk block_m block_n batch heads grid claim_group schedule_id (the policy that runs)
-    // window_left window_right (the kernels' window, -1 = unbounded; "causal" = the causal kernels)
-    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &grid,
-                      &group, &sched, &left, &right) == 12) {
+    int sq, sk, bm, bn, batch, heads, heads_k, grid, group, sched, left, right;
+    // one case per line: mask sq sk block_m block_n batch heads heads_k grid claim_group schedule_id (the policy
+    // that runs) window_left window_right (the kernels' window, -1 = unbounded; "causal" = the causal kernels)
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &heads_k,
+                      &grid, &group, &sched, &left, &right) == 13) {
         bool const causal = std::strcmp(mask, "causal") == 0;
         Schedule const policy = static_cast<Schedule>(sched);
         if (mask_mismatch(policy, causal) != nullptr) { std::printf("mismatch\n"); continue; }
         SchedShape s{};
-        s.batch = batch; s.heads = heads; s.heads_k = heads;
+        s.batch = batch; s.heads = heads; s.heads_k = heads_k;
         s.seqlen_q = sq; s.seqlen_k = sk; s.block_m = bm; s.block_n = bn;
         s.num_m = (sq + bm - 1) / bm; s.num_n = (sk + bn - 1) / bn;
         s.causal = causal; s.grid = grid; s.claim_group = group;
@@ -123,10 +123,10 @@ def mirror_binary(tmp_path_factory):
     return build_host_program(tmp_path_factory, "mirror", MIRROR_CPP)
 
 
-def _plan(case, deterministic: bool = True):
+def _plan(case, deterministic: bool = True, heads_kv: int | None = None):
     mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, *window = case
     claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
-    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, claim_heads=claim_heads,
+    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, heads_kv=heads_kv, claim_heads=claim_heads,
                       window=tuple(window[0]) if window else (-1, -1))
 
 
@@ -155,17 +155,18 @@ def _run(exe: Path, lines: list[str]) -> list:
     return results
 
 
-def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1, -1)) -> str:
+def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1, -1), heads_k=None) -> str:
     """One case; ``mask`` and ``window`` are the model's, the kernels get the causal kernels for any window."""
     kernel_mask = "causal" if mask == "causal" or tuple(window) != (-1, -1) else "full"
-    return (f"{kernel_mask} {sq} {sk} {bm} {bn} {batch} {heads} {grid} {group} {variants.schedule(schedule).id} "
-            f"{window[0]} {window[1]}\n")
+    heads_k = heads if heads_k is None else heads_k
+    return (f"{kernel_mask} {sq} {sk} {bm} {bn} {batch} {heads} {heads_k} {grid} {group} "
+            f"{variants.schedule(schedule).id} {window[0]} {window[1]}\n")
 
 
-def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True) -> None:
+def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, heads_kv: int | None = None) -> None:
     """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
-    plans = [_plan(c, deterministic) for c in cases]
-    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window)
+    plans = [_plan(c, deterministic, heads_kv) for c in cases]
+    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window, p.heads_kv)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(exe, lines)):
         assert not isinstance(body, str), (case, body)
@@ -316,6 +317,34 @@ def test_window_tile_ranges_match_the_model(mirror_binary):
         mask = TileGrid("full", sq, sk, bm, bn, window).mask
         cases.append((mask, sq, sk, bm, bn, 1, 2, rng.choice(GRIDS), "descending", window))
     _check_cases(mirror_binary, cases)
+
+
+@pytest.mark.parametrize("heads_kv", [1, 2, 4])
+def test_mirror_gqa_heads_take_sibling_major_slots(mirror_binary, heads_kv):
+    """GQA: every grid places query head hk * (H / Hk) + s on slot s * Hk + hk (orders.slot_heads, policies.hpp
+    slot_head), so siblings sharing a dK/dV tile are Hk slots apart; kernel and model agree step for step, and each
+    plan passes its deadlock check (every sibling's dK/dV predecessor in an earlier or the same round)."""
+    cases = []
+    for bm, bn in KERNEL_TILES:
+        for g in (1, 7, 132):
+            cases += [("full", 2048, 2048, bm, bn, 2, 8, g, s) for s in ("shift", "ascending", "descending")]
+            cases += [("causal", 2048, 2048, bm, bn, 2, 8, g, s)
+                      for s in ("symmetric_shift", "ascending", "descending")]
+            cases.append(("causal", 4096, 4096, bm, bn, 1, 8, g, "descending", (127, 0)))
+    _check_cases(mirror_binary, cases, heads_kv=heads_kv)
+    for case in cases:
+        plan = _plan(case, heads_kv=heads_kv)
+        plan.check()
+        assert np.unique(plan.step_h).tolist() == list(range(8))
+
+
+def test_gqa_siblings_are_heads_k_slots_apart():
+    from flash_attn_dash.schedule.orders import slot_heads
+    slot = np.arange(8)
+    assert slot_heads(slot, 8, 8).tolist() == list(range(8))  # MHA: the identity
+    assert slot_heads(slot, 8, 1).tolist() == list(range(8))  # MQA: every head a sibling of the one K/V head
+    assert slot_heads(slot, 8, 2).tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert slot_heads(slot, 8, 4).tolist() == [0, 2, 4, 6, 1, 3, 5, 7]
 
 
 def test_mirror_mask_mismatch_rejected(mirror_binary):

@@ -139,6 +139,16 @@ def waves(unit: np.ndarray, per_head, num_ctas: int,
     return running, finished, slot
 
 
+def slot_heads(slot: np.ndarray, heads: int, heads_kv: int) -> np.ndarray:
+    """The query head of each head slot in ``[0, heads)`` (every grid lays its tiles out by slot): sibling-major,
+    slot ``s * Hk + hk`` is sibling ``s`` of K/V head ``hk``, head ``hk * (H / Hk) + s``; the identity without GQA.
+    Siblings add into one dK/dV tile in ascending head order, each behind the previous one: ``Hk`` slots apart
+    they fall in different claim groups and rounds instead of queueing together, and each one's predecessor keeps
+    the smaller slot (:meth:`.plan.Plan.check`'s dK/dV round rule).  The kernels: ``slot_head`` in
+    ``hopper/schedule/policies.hpp``."""
+    return (slot % heads_kv) * (heads // heads_kv) + slot // heads_kv
+
+
 def expand(lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """For tiles with ``lengths`` steps laid out back to back: (tile index, step index within tile) of every step."""
     tile = np.repeat(np.arange(lengths.size, dtype=np.int64), lengths)
@@ -284,7 +294,7 @@ def dynamic_walk(schedule: str, grid: TileGrid) -> tuple[bool, bool]:
 
 
 def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
-             claim_heads: int | None) -> Orders:
+             claim_heads: int | None, heads_kv: int) -> Orders:
     """A walk over the dynamic grid (:func:`dynamic_walk`): claims n-major within groups of heads (flat ``b * H +
     h``), a head's tiles claimed in ascending n, or descending n (``claim_down``), and ranked in that order."""
     num_m, num_n = grid.num_m, grid.num_n
@@ -296,7 +306,7 @@ def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str
     if claim_down:
         n = num_n - 1 - n
     n_min, k_m = grid.n_min(), grid.contributions()
-    claims = Claims(q // heads, q % heads, n, grid.m_min()[n], grid.m_end()[n], walk_up, claim_down, q * num_m,
+    claims = Claims(q // heads, slot_heads(q % heads, heads, heads_kv), n, grid.m_min()[n], grid.m_end()[n], walk_up, claim_down, q * num_m,
                     lambda tile, m: (n_min[m], k_m[m]))
     direction = f"walks {'up' if walk_up else 'down'} the band, n {'de' if claim_down else 'a'}scending; "
     walk = direction if grid.banded else ""
@@ -332,7 +342,7 @@ def over_note(head: np.ndarray, rnd: np.ndarray, over: np.ndarray, m_label: str)
     return f"; {groups} (head, round) group(s) have R > {m_label} and use the descending order"
 
 
-def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
+def _static(grid: TileGrid, batch: int, heads: int, num_sms: int, heads_kv: int) -> Orders:
     """``shift`` on the static persistent grid (module docstring)."""
     num_m, num_n = grid.num_m, grid.num_n
     total = batch * heads * num_n
@@ -345,8 +355,8 @@ def _static(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     running, finished, slot = waves(t, num_n, ctas)
     step_m, step_rank = shift_steps(num_m, n[tile], running[tile], finished[tile], slot[tile], i)
     note = over_note(q, t // ctas, running > num_m, f"M={num_m}")
-    return Orders(ctas, t % ctas, t // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
-                  "shift", f"shift over a static persistent grid of {ctas} CTAs{note}")
+    return Orders(ctas, t % ctas, t // ctas, q // heads, slot_heads(q % heads, heads, heads_kv), n, lengths, step_m,
+                  step_rank, "shift", f"shift over a static persistent grid of {ctas} CTAs{note}")
 
 
 def symmetric_shift_fallback(grid: TileGrid) -> str | None:
@@ -395,7 +405,7 @@ def pair_steps(num_m, num_n, s: int, stage: np.ndarray, n: np.ndarray, running: 
     return step_m, earlier + np.where(stage == 0, rank_long, running + (running - 1 - slot))
 
 
-def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
+def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int, heads_kv: int) -> Orders:
     num_m, num_n, s = grid.num_m, grid.num_n, grid.block_n // grid.block_m
     pairs = num_n // 2
     total = batch * heads * pairs
@@ -412,13 +422,15 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int) -> Orders:
     lengths = num_m - n * s
     tile, i = expand(lengths)
     step_m, step_rank = pair_steps(num_m, num_n, s, stage[tile], n[tile], run2[tile], fin2[tile], slot2[tile], i)
-    return Orders(ctas, c2 % ctas, c2 // ctas, q // heads, q % heads, n, lengths, step_m, step_rank,
-                  "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s})")
+    return Orders(ctas, c2 % ctas, c2 // ctas, q // heads, slot_heads(q % heads, heads, heads_kv), n, lengths,
+                  step_m, step_rank, "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s})")
 
 
 def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
-                 costs: tuple[float, float] | None = None, claim_heads: int | None = None) -> Orders:
-    """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads and a persistent grid of ``num_sms``
+                 costs: tuple[float, float] | None = None, claim_heads: int | None = None,
+                 heads_kv: int | None = None) -> Orders:
+    """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads (``heads_kv`` K/V heads, default
+    ``heads``: it places the heads on the grid's slots, :func:`slot_heads`) and a persistent grid of ``num_sms``
     CTAs.  ``costs`` = ``(c, r)`` per step drive the dynamic grid's predicted claims (default: :mod:`.costs` for the
     tile shape; only their ratio matters); ``claim_heads`` overrides its claim group (default: the kernel's
     :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`)."""
@@ -428,10 +440,11 @@ def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule:
     reason = fallback_reason(schedule, grid)
     if reason is not None:
         used = variants.schedule(schedule).fallback
-        orders = build_orders(grid, batch, heads, num_sms, used, costs, claim_heads)
+        orders = build_orders(grid, batch, heads, num_sms, used, costs, claim_heads, heads_kv)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
+    heads_kv = heads if heads_kv is None else heads_kv
     if schedule == "symmetric_shift":
-        return _symmetric(grid, batch, heads, num_sms)
+        return _symmetric(grid, batch, heads, num_sms, heads_kv)
     if schedule == "shift" and not grid.banded:
-        return _static(grid, batch, heads, num_sms)
-    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads)
+        return _static(grid, batch, heads, num_sms, heads_kv)
+    return _dynamic(grid, batch, heads, num_sms, schedule, costs, claim_heads, heads_kv)

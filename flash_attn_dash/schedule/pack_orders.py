@@ -40,7 +40,7 @@ import numpy as np
 from .costs import default_costs
 from .orders import (Claims, Orders, check_applicable, claim_group, claimed_orders, claimed_ranks, claimed_tiles,
                      dynamic_walk, expand, grid_size, over_note, pair_steps, shift_steps, symmetric_shift_fallback,
-                     walk_steps, waves)
+                     slot_heads, walk_steps, waves)
 from .packs import PackTiles
 
 
@@ -75,7 +75,7 @@ def sequence_portable(pack: PackTiles, schedule: str) -> tuple[bool | None, ...]
 
 
 def _dynamic(pack: PackTiles, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
-             claim_heads: int | None) -> Orders:
+             claim_heads: int | None, heads_kv: int) -> Orders:
     """The dynamic grid (module docstring): claims via :meth:`.PackTiles.locate`, each sequence's walk from
     :func:`.orders.dynamic_walk`, orders from :func:`.orders.claimed_orders` as for a dense call."""
     num_m, num_n = pack.num_m, pack.num_n
@@ -91,14 +91,15 @@ def _dynamic(pack: PackTiles, heads: int, num_sms: int, schedule: str, costs: tu
     h, n = claimed_tiles(j, num_n[b], group[b], heads)
     n = np.where(down, num_n[b] - 1 - n, n)
     m_min, m_end = pack.m_range(b, n)
-    claims = Claims(b, h, n, m_min, m_end, up, down, pack.m_offset[b] * heads + h * num_m[b],
+    claims = Claims(b, slot_heads(h, heads, heads_kv), n, m_min, m_end, up, down,
+                    pack.m_offset[b] * heads + h * num_m[b],
                     lambda tile, m: pack.rows(b[tile], m))
     return claimed_orders(claims, ctas, costs, schedule,
                           f"{schedule} over a dynamic persistent grid of {ctas} CTAs shared by the pack (claims the "
                           f"sequence with most work first, n-major in groups of up to {int(group.max())} head(s))")
 
 
-def _static(pack: PackTiles, heads: int, num_sms: int) -> Orders:
+def _static(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
     """shift: the units of every (sequence, head) are a head of dense shift placed on the pack's rounds."""
     num_m, num_n = pack.num_m, pack.num_n
     offsets = pack.claim_offsets(num_n, heads)
@@ -113,12 +114,13 @@ def _static(pack: PackTiles, heads: int, num_sms: int) -> Orders:
     running, finished, slot = waves(t, num_n[b], ctas, offsets[i] + h * num_n[b])
     step_m, step_rank = shift_steps(num_m[b][tile], n[tile], running[tile], finished[tile], slot[tile], step)
     note = over_note(b * heads + h, t // ctas, (running > num_m[b]) & (lengths > 0), "M")
-    return Orders(ctas, t % ctas, t // ctas, b, h, n, lengths, step_m, step_rank, "shift",
+    return Orders(ctas, t % ctas, t // ctas, b, slot_heads(h, heads, heads_kv), n, lengths, step_m, step_rank,
+                  "shift",
                   f"shift over a static persistent grid of {ctas} CTAs shared by the pack (the sequence with "
                   f"most work first){note}")
 
 
-def _pairs(pack: PackTiles, heads: int, num_sms: int) -> Orders:
+def _pairs(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
     """symmetric_shift: pair units for the sequences that meet its assumptions, single descending units for the
     others, on one static grid."""
     runs = sequence_schedules(pack, "symmetric_shift")
@@ -146,28 +148,31 @@ def _pairs(pack: PackTiles, heads: int, num_sms: int) -> Orders:
                                            finished[pu], slot[pu], step[ps])
     singles = [why for g in pack.grids if g is not None and (why := symmetric_shift_fallback(g))]
     note = f"; {len(singles)} sequence(s) walk descending on it ({singles[0]})" if singles else ""
-    return Orders(ctas, u[unit] % ctas, u[unit] // ctas, tb, h[unit], n, m_end - m_min, step_m, step_rank,
+    return Orders(ctas, u[unit] % ctas, u[unit] // ctas, tb, slot_heads(h[unit], heads, heads_kv), n, m_end - m_min,
+                  step_m, step_rank,
                   "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s}) shared by the pack "
                   f"(the sequence with most work first){note}")
 
 
 def build_pack_orders(pack: PackTiles, heads: int, num_sms: int, schedule: str,
-                      costs: tuple[float, float] | None = None, claim_heads: int | None = None) -> Orders:
+                      costs: tuple[float, float] | None = None, claim_heads: int | None = None,
+                      heads_kv: int | None = None) -> Orders:
     """Orders of ``schedule`` on ``pack`` for ``heads`` query heads on a persistent grid of at most ``num_sms`` CTAs;
-    ``costs`` and ``claim_heads`` as for :func:`.orders.build_orders`.  ``Orders.tile_b`` is the sequence's index in
+    ``costs``, ``claim_heads`` and ``heads_kv`` as for :func:`.orders.build_orders`.  ``Orders.tile_b`` is the sequence's index in
     the pack."""
     if costs is None:
         costs = default_costs(64, pack.block_m, pack.block_n)
     check_applicable(schedule, pack.mask, pack.banded)
+    heads_kv = heads if heads_kv is None else heads_kv
     kind = grid_kind(pack, schedule)
     if kind == "static":
-        return _static(pack, heads, num_sms)
+        return _static(pack, heads, num_sms, heads_kv)
     if kind == "pair":
-        return _pairs(pack, heads, num_sms)
+        return _pairs(pack, heads, num_sms, heads_kv)
     if schedule == "symmetric_shift":  # no sequence can pair: the whole pack runs the fallback, as a dense call does
         index, reason = next((b, why) for b, g in enumerate(pack.grids)
                              if g is not None and (why := symmetric_shift_fallback(g)))
         reason = f"no sequence of the pack meets symmetric_shift's assumptions (sequence {index}: {reason})"
-        orders = _dynamic(pack, heads, num_sms, "descending", costs, claim_heads)
+        orders = _dynamic(pack, heads, num_sms, "descending", costs, claim_heads, heads_kv)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
-    return _dynamic(pack, heads, num_sms, schedule, costs, claim_heads)
+    return _dynamic(pack, heads, num_sms, schedule, costs, claim_heads, heads_kv)

@@ -105,5 +105,5 @@ def build_pack_plan(mask: str, seqlens_q, seqlens_k, block_m: int, block_n: int,
     check_plan_args(mask, schedule, heads, num_sms, heads_kv, claim_heads)
     pack = PackTiles(mask, seqlens_q, seqlens_k, block_m, block_n, window)
     heads_kv = heads if heads_kv is None else heads_kv
-    orders = build_pack_orders(pack, int(heads), int(num_sms), schedule, costs, claim_heads)
+    orders = build_pack_orders(pack, int(heads), int(num_sms), schedule, costs, claim_heads, int(heads_kv))
     return PackPlan(pack, int(heads), int(heads_kv), int(num_sms), schedule, orders)

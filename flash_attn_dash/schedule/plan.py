@@ -234,7 +234,8 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     """Build the plan of ``schedule`` for one backward call.
 
     ``heads`` are query heads; ``heads_kv`` (default ``heads``) must divide it.  GQA changes nothing for dQ (dQ tiles
-    are per query head); it only adds dK/dV semaphores, which :meth:`Plan.check` shows cannot deadlock.  ``num_sms`` is
+    are per query head); it places the heads on the grid's slots sibling-major (:func:`.orders.slot_heads`) and adds
+    dK/dV semaphores, which :meth:`Plan.check` shows cannot deadlock.  ``num_sms`` is
     the persistent grid size the kernel launches with (SM count minus ``sm_margin``); the grid is ``min(num_sms,
     #tiles)``.  ``costs`` = ``(c, r)`` only shape the dynamic grid's predicted claims (ascending/descending; see
     :mod:`.orders`) and ``claim_heads`` overrides its claim group (default: the kernel's rule).  ``window`` is
@@ -244,5 +245,5 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     check_plan_args(mask, schedule, heads, num_sms, heads_kv, claim_heads, batch)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     heads_kv = heads if heads_kv is None else heads_kv
-    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads)
+    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads, int(heads_kv))
     return Plan(grid, int(batch), int(heads), int(heads_kv), int(num_sms), schedule, orders)

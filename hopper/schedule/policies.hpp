@@ -163,7 +163,16 @@ struct LinearTiles {
     FLASH_DASH_HD static int rank_naive(SchedShape const& s, TileCtx const& c, int m) { return c.n - n_min_of(s, m); }
 };
 
-// Static persistent grid: linear tiles t = (b*H + h)*N + n (n fastest); CTA g runs t = g, g+G, g+2G, ...
+// The query head of head slot r in [0, H) of every grid below: sibling-major, slot r = s * Hk + hk is sibling s of
+// K/V head hk, h = hk * (H / Hk) + s (the identity without GQA). Siblings add their dK/dV into one tile in
+// ascending s behind one counter (epilogue.hpp); in head order they sat in adjacent slots, so a claim group or round
+// ran them together and they queued on that counter. Hk slots apart, they add into different tiles, and sibling
+// s - 1 still has the smaller slot, which the deadlock-freedom argument needs (orders.py slot_heads).
+FLASH_DASH_HD int slot_head(SchedShape const& s, int r) {
+    return (r % s.heads_k) * (s.heads / s.heads_k) + r / s.heads_k;
+}
+
+// Static persistent grid: linear tiles t = (b*H + r)*N + n (n fastest, r the head slot); CTA g runs t = g, g+G, ...
 // (Shift needs the rounds this fixes).
 struct StaticPersistentGrid : LinearTiles {
     static constexpr bool kDynamic = false;
@@ -173,7 +182,7 @@ struct StaticPersistentGrid : LinearTiles {
         c.t = t;
         c.n = t % s.num_n;
         int const bh = t / s.num_n;
-        c.h = bh % s.heads;
+        c.h = slot_head(s, bh % s.heads);
         c.b = bh / s.heads;
         c.m_min = m_min_of(s, c.n);
         c.m_end = m_end_of(s, c.n);
@@ -187,8 +196,8 @@ struct StaticPersistentGrid : LinearTiles {
 // tiles n-1 and n are then Hg claims apart, so a tile's rank predecessor (n-1, m) has usually started
 // when it is claimed, instead of chaining the claims of one head one after another; groups bound the
 // heads whose Q/dO/dQ are in flight (L2). Every rank predecessor (n-1, same head) and every GQA dK/dV
-// predecessor (same n, previous head) has a smaller p, tiles are claimed in increasing p and every CTA
-// runs its tiles in that order, so the deadlock-freedom proof at the top of this file holds (with p for
+// predecessor (same n, previous sibling: a smaller head slot) has a smaller p, tiles are claimed in
+// increasing p and every CTA runs its tiles in that order, so the deadlock-freedom proof at the top of this file holds (with p for
 // t) for every assignment the hardware produces; the ranks do not depend on it.
 struct DynamicPersistentGrid : LinearTiles {
     static constexpr bool kDynamic = true;
@@ -203,7 +212,7 @@ struct DynamicPersistentGrid : LinearTiles {
         c.t = p;
         c.n = in_group / size;
         int const q = q0 + (in_group - c.n * size);
-        c.h = q % s.heads;
+        c.h = slot_head(s, q % s.heads);
         c.b = q / s.heads;
         c.m_min = m_min_of(s, c.n);
         c.m_end = m_end_of(s, c.n);
@@ -313,7 +322,7 @@ struct SymmetricShift {
         TileCtx c;
         c.t = u;
         c.n = (u & 1) ? s.num_n - 1 - p : p;
-        c.h = q % s.heads;
+        c.h = slot_head(s, q % s.heads);
         c.b = q / s.heads;
         c.m_min = c.n * kS;  // == m_min_of(s, n) when sq == sk
         c.m_end = s.num_m;
