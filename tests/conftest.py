@@ -28,3 +28,12 @@ def window_kernels(monkeypatch):
     from flash_attn_dash import features
 
     monkeypatch.setattr(features, "SLIDING_WINDOW_KERNELS_VALIDATED", True)
+
+
+@pytest.fixture
+def softcap_kernels(monkeypatch):
+    """Lift the refusal of softcaps on CUDA tensors (features.SOFTCAP_KERNELS_VALIDATED) for tests of the softcap
+    kernels and of what the API does once they run."""
+    from flash_attn_dash import features
+
+    monkeypatch.setattr(features, "SOFTCAP_KERNELS_VALIDATED", True)

@@ -19,7 +19,10 @@ namespace flash_dash {
 namespace bwd {
 
 // Is_local (with Is_causal): the kernels of sliding windows, which also mask the keys left of the window.
-template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
+// Is_softcap: the kernels of softcaps. With t = tanh(S * softmax_scale / softcap) the score is softcap * t, so
+// P = exp2(t * scale_log2 - lse_log2) and dS = P (dP - dPsum) (1 - t^2); softmax_scale then scales dK and dQ as in the
+// other kernels (d(softcap * t)/dS = softmax_scale (1 - t^2)).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
 struct BwdMainloop {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
@@ -101,6 +104,11 @@ struct BwdMainloop {
                     pipeline_do.consumer_wait(pipe_read);
                     wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
                     warpgroup_wait<1>();
+                    if constexpr (Is_softcap) {  // before the mask: a masked score stays -inf
+                        float const prescale = params.softcap_prescale;
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) { tSacc(i) = tanh_approx(tSacc(i) * prescale); }
+                    }
                     float const* slse = &ss.smem_lse[s * kBlockM];
                     bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
                     if (need_mask && Is_local) {
@@ -127,19 +135,48 @@ struct BwdMainloop {
                         }
                     }
                     float const scale_log2 = params.scale_log2;
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int i = 0; i < size(tSacc); ++i) {
-                        tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                    // Softcap kernels: P in 16 bits from the exponentials on (the other kernels declare no such
+                    // array: declaring rP earlier changed the window kernels' SASS).
+                    auto rP_softcap = [&]() {
+                        if constexpr (Is_softcap) { return make_tensor_like<Element>(tSacc); } else { return 0; }
+                    }();
+                    if constexpr (Is_softcap) {
+                        // P goes to 16 bits here and tSacc becomes P (1 - t^2), so t's derivative costs half a
+                        // fragment of registers while dP is in flight, not a whole one. max(., 0): a masked t = -inf
+                        // gives P = 0 and 0, not 0 * -inf. (Pairs: the packed conversion convert_fragment makes.)
+                        cutlass::NumericArrayConverter<Element, float, 2> to_element;
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); i += 2) {
+                            cutlass::Array<float, 2> pair;
+                            CUTLASS_PRAGMA_UNROLL
+                            for (int j = 0; j < 2; ++j) {
+                                float const t = tSacc(i + j);
+                                pair[j] = exp2f(t * scale_log2 - slse[get<1>(tScS(i + j))]);
+                                tSacc(i + j) = pair[j] * fmaxf(fmaf(-t, t, 1.f), 0.f);
+                            }
+                            cutlass::Array<Element, 2> const packed = to_element(pair);
+                            rP_softcap(i) = packed[0];
+                            rP_softcap(i + 1) = packed[1];
+                        }
+                    } else {
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                        }
                     }
                     warpgroup_wait<0>();
                     float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
                     CUTLASS_PRAGMA_UNROLL
-                    for (int i = 0; i < size(tdPacc); ++i) {
+                    for (int i = 0; i < size(tdPacc); ++i) {  // the softcap kernels' tSacc is P (1 - t^2)
                         tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
                     }
                     Tensor rP = make_tensor_like<Element>(tSacc);
                     Tensor rdS = make_tensor_like<Element>(tdPacc);
-                    convert_fragment(tSacc, rP);
+                    if constexpr (Is_softcap) {
+                        rP = rP_softcap;
+                    } else {
+                        convert_fragment(tSacc, rP);
+                    }
                     convert_fragment(tdPacc, rdS);
                     // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
                     copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
