@@ -135,48 +135,36 @@ struct BwdMainloop {
                         }
                     }
                     float const scale_log2 = params.scale_log2;
-                    // Softcap kernels: P in 16 bits from the exponentials on (the other kernels declare no such
-                    // array: declaring rP earlier changed the window kernels' SASS).
-                    auto rP_softcap = [&]() {
-                        if constexpr (Is_softcap) { return make_tensor_like<Element>(tSacc); } else { return 0; }
-                    }();
                     if constexpr (Is_softcap) {
-                        // P goes to 16 bits here and tSacc becomes P (1 - t^2), so t's derivative costs half a
-                        // fragment of registers while dP is in flight, not a whole one. max(., 0): a masked t = -inf
-                        // gives P = 0 and 0, not 0 * -inf. (Pairs: the packed conversion convert_fragment makes.)
-                        cutlass::NumericArrayConverter<Element, float, 2> to_element;
+                        // dP first (the tanh above ran beside its GEMM), then P and dS = P (1 - t^2) (dP - dPsum) in
+                        // one pass, so t's derivative needs no registers of its own (at hdim 64, P kept in 16 bits
+                        // through the dP wait spilled 32-136 B). max(., 0): a masked t = -inf gives P = 0 and 0, not
+                        // 0 * -inf.
+                        warpgroup_wait<0>();
+                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
                         CUTLASS_PRAGMA_UNROLL
-                        for (int i = 0; i < size(tSacc); i += 2) {
-                            cutlass::Array<float, 2> pair;
-                            CUTLASS_PRAGMA_UNROLL
-                            for (int j = 0; j < 2; ++j) {
-                                float const t = tSacc(i + j);
-                                pair[j] = exp2f(t * scale_log2 - slse[get<1>(tScS(i + j))]);
-                                tSacc(i + j) = pair[j] * fmaxf(fmaf(-t, t, 1.f), 0.f);
-                            }
-                            cutlass::Array<Element, 2> const packed = to_element(pair);
-                            rP_softcap(i) = packed[0];
-                            rP_softcap(i + 1) = packed[1];
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            float const t = tSacc(i);
+                            int const query = get<1>(tScS(i));
+                            float const p = exp2f(t * scale_log2 - slse[query]);
+                            tdPacc(i) = p * fmaxf(fmaf(-t, t, 1.f), 0.f) * (tdPacc(i) - sdpsum[query]);
+                            tSacc(i) = p;
                         }
                     } else {
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
                             tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
                         }
-                    }
-                    warpgroup_wait<0>();
-                    float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int i = 0; i < size(tdPacc); ++i) {  // the softcap kernels' tSacc is P (1 - t^2)
-                        tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                        warpgroup_wait<0>();
+                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tdPacc); ++i) {
+                            tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                        }
                     }
                     Tensor rP = make_tensor_like<Element>(tSacc);
                     Tensor rdS = make_tensor_like<Element>(tdPacc);
-                    if constexpr (Is_softcap) {
-                        rP = rP_softcap;
-                    } else {
-                        convert_fragment(tSacc, rP);
-                    }
+                    convert_fragment(tSacc, rP);
                     convert_fragment(tdPacc, rdS);
                     // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
                     copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));

@@ -363,6 +363,7 @@ struct FwdMainloopSm90 {
                 scheduler_arrive(wg);
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
                 warpgroup_fence_operand(tSrS);
+                if constexpr (kSoftcap) { apply_softcap(); }
                 pipe_k.consumer_release(st_k);
                 // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
                 // the producer only then loads the next tile's Q.
@@ -376,7 +377,6 @@ struct FwdMainloopSm90 {
                     }
                     if (first) { finalize_previous(); }
                 }
-                if constexpr (kSoftcap) { apply_softcap(); }
                 mask(n);
                 softmax.online(tS_rc, o_scale);
                 if constexpr (kPin) {
