@@ -20,6 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
+from . import variants
 from .launch import CAUSAL_WINDOW, NO_WINDOW, check_schedule, check_schedule_name
 from .schedule.tiles import canonical_window, check_window_size
 
@@ -83,17 +84,18 @@ def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None
                    has_sink: bool = False) -> str | None:
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
     ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask), refused while
-    :data:`SLIDING_WINDOW_KERNELS_VALIDATED` is False. A softcap runs on the full and causal kernels alone: with a
-    sliding window or a learnable sink (``has_sink``) no kernel is built for it, and it is refused while
-    :data:`SOFTCAP_KERNELS_VALIDATED` is False. The decision reads Python values only, so it is tested on any
+    :data:`SLIDING_WINDOW_KERNELS_VALIDATED` is False. A softcap runs on the full and causal kernels, with a sliding
+    window or a learnable sink (``has_sink``) only where the variant table builds that combination
+    (``variants.SOFTCAP_WITH``), and is refused while :data:`SOFTCAP_KERNELS_VALIDATED` is False. The decision reads Python values only, so it is tested on any
     machine."""
     reasons = []
     if sliding_window is not None and not SLIDING_WINDOW_KERNELS_VALIDATED:
         reasons.append(f"window_size={sliding_window} (a sliding window: its kernels are built but have not passed "
                        "their GPU tests yet)")
     if softcap != 0:
-        unbuilt = [what for what, present in (("a sliding window", sliding_window is not None),
-                                              ("a learnable_sink", has_sink)) if present]
+        unbuilt = [what for what, present, key in (("a sliding window", sliding_window is not None, "window"),
+                                                   ("a learnable_sink", has_sink, "sink"))
+                   if present and key not in variants.SOFTCAP_WITH]
         if unbuilt:
             reasons.append(f"softcap={softcap} with {' and '.join(unbuilt)} (no softcap kernel is built for it)")
         elif not SOFTCAP_KERNELS_VALIDATED:

@@ -191,10 +191,15 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.order_trace = p.order_trace;
     kp.timeline = p.timeline;
 
-    // softcap_error above: a softcap runs with the full or causal mask only.
+    // softcap_error above: a softcap with a sliding window only where the variant table builds it.
     if (p.softcap > 0.f) {
-        if (p.is_causal) launch_mode<Traits, true, false, true>(p, kp, stream);
-        else launch_mode<Traits, false, false, true>(p, kp, stream);
+        if (local) {
+            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, true, true, true>(p, kp, stream); }
+        } else if (p.is_causal) {
+            launch_mode<Traits, true, false, true>(p, kp, stream);
+        } else {
+            launch_mode<Traits, false, false, true>(p, kp, stream);
+        }
     } else if (local) {
         launch_mode<Traits, true, true, false>(p, kp, stream);
     } else if (p.is_causal) {

@@ -85,13 +85,31 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     check_launch("forward kernel");
 }
 
-// The kernel with or without the learnable sink's finalize.
-template <class Traits, bool kWindow>
+// The kernel with or without the learnable sink's finalize (softcap kernels: with one only where the variant table
+// builds it; softcap_error has refused the call otherwise).
+template <class Traits, bool kWindow, bool kSoftcap>
 void launch_fwd_sink(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     if (p.sink != nullptr) {
-        launch_fwd_kernel<Traits, kWindow, true, false>(p, stream, l2_prefetch);
+        if constexpr (!kSoftcap || kSoftcapWithSink) {
+            launch_fwd_kernel<Traits, kWindow, true, kSoftcap>(p, stream, l2_prefetch);
+        }
     } else {
-        launch_fwd_kernel<Traits, kWindow, false, false>(p, stream, l2_prefetch);
+        launch_fwd_kernel<Traits, kWindow, false, kSoftcap>(p, stream, l2_prefetch);
+    }
+}
+
+// The kernel of the call's mask; a softcap with a sliding window only where the variant table builds it.
+template <class Full, class Causal, bool kSoftcap>
+void launch_fwd_mask(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal,
+                     bool sliding) {
+    if (sliding) {
+        if constexpr (!kSoftcap || kSoftcapWithWindow) {
+            launch_fwd_sink<Causal, true, kSoftcap>(p, stream, l2_prefetch_causal);
+        }
+    } else if (p.is_causal) {
+        launch_fwd_sink<Causal, false, kSoftcap>(p, stream, l2_prefetch_causal);
+    } else {
+        launch_fwd_sink<Full, false, kSoftcap>(p, stream, l2_prefetch_full);
     }
 }
 
@@ -105,17 +123,9 @@ void launch_fwd(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, 
     if (char const* why = softcap_error(p.softcap, sliding, p.sink != nullptr)) { throw std::invalid_argument(why); }
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
     if (p.softcap > 0.f) {
-        if (p.is_causal) {
-            launch_fwd_kernel<Causal, false, false, true>(p, stream, l2_prefetch_causal);
-        } else {
-            launch_fwd_kernel<Full, false, false, true>(p, stream, l2_prefetch_full);
-        }
-    } else if (sliding) {
-        launch_fwd_sink<Causal, true>(p, stream, l2_prefetch_causal);
-    } else if (p.is_causal) {
-        launch_fwd_sink<Causal, false>(p, stream, l2_prefetch_causal);
+        launch_fwd_mask<Full, Causal, true>(p, stream, l2_prefetch_full, l2_prefetch_causal, sliding);
     } else {
-        launch_fwd_sink<Full, false>(p, stream, l2_prefetch_full);
+        launch_fwd_mask<Full, Causal, false>(p, stream, l2_prefetch_full, l2_prefetch_causal, sliding);
     }
 }
 
