@@ -199,24 +199,46 @@ def test_public_functions_run_the_tested_kernels(causal, deterministic, d, dtype
 @pytest.mark.usefixtures("window_kernels")
 def test_unbuilt_combinations_are_refused_before_launch():
     """The API names a softcap with a sliding window or a sink (NotImplementedError); the ops' launchers refuse the
-    same calls (ValueError) and a negative or non-finite softcap, before anything runs (the outputs keep their
-    poison)."""
+    same calls (ValueError) and a negative or non-finite softcap, before anything runs."""
     d = HDIMS[0]
     q, k, v, dout = _problem(1, 256, 256, 2, 2, d, torch.bfloat16, seed=7)
-    with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a sliding window \(no softcap kernel"):
-        flash_attn_func(q, k, v, window_size=(64, 0), softcap=30.0)
-    with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a learnable_sink \(no softcap kernel"):
-        flash_attn_func(q, k, v, softcap=30.0, learnable_sink=torch.zeros(2, device="cuda"))
-    with pytest.raises(ValueError, match="no softcap kernel is built for a sliding window"):
-        _fwd(q, k, v, True, 30.0, window=(64, 0))
-    with pytest.raises(ValueError, match="no softcap kernel is built for a learnable_sink"):
-        _fwd(q, k, v, False, 30.0, sink=torch.zeros(2, device="cuda"))
     out, lse = _stored(q, k, v, True, 30.0)
-    with pytest.raises(ValueError, match="no softcap kernel is built for a sliding window"):
-        _bwd(dout, q, k, v, out, lse, True, True, "descending", 30.0, window=(64, 0))
+    if "window" not in variants.SOFTCAP_WITH:
+        with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a sliding window \(no softcap kernel"):
+            flash_attn_func(q, k, v, window_size=(64, 0), softcap=30.0)
+        with pytest.raises(ValueError, match="no softcap kernel is built for a sliding window"):
+            _fwd(q, k, v, True, 30.0, window=(64, 0))
+        with pytest.raises(ValueError, match="no softcap kernel is built for a sliding window"):
+            _bwd(dout, q, k, v, out, lse, True, True, "descending", 30.0, window=(64, 0))
+    if "sink" not in variants.SOFTCAP_WITH:
+        with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a learnable_sink \(no softcap kernel"):
+            flash_attn_func(q, k, v, softcap=30.0, learnable_sink=torch.zeros(2, device="cuda"))
+        with pytest.raises(ValueError, match="no softcap kernel is built for a learnable_sink"):
+            _fwd(q, k, v, False, 30.0, sink=torch.zeros(2, device="cuda"))
     for bad in (-1.0, math.inf, math.nan):
         with pytest.raises(ValueError, match="softcap must be finite and >= 0"):
             _fwd(q, k, v, False, bad)
         with pytest.raises(ValueError, match="softcap must be finite and >= 0"):
             _bwd(dout, q, k, v, out, lse, True, True, "descending", bad)
     torch.cuda.synchronize()
+
+
+@pytest.mark.skipif("window" not in variants.SOFTCAP_WITH, reason="no softcap kernel for sliding windows in the table")
+@pytest.mark.usefixtures("window_kernels")
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("window", [(128, 0), (64, 64)])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_softcap_with_a_sliding_window(window, deterministic, d):
+    """Where variants.SOFTCAP_WITH builds them: softcap 50 on a causal band and a two-sided window (Gemma 2's local
+    layers), forward and backward against the reference."""
+    q, k, v, dout = _problem(2, 700, 900, 4, 2, d, torch.bfloat16, seed=8)
+    leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
+    out, lse = flash_attn_func(*leaves, window_size=window, softcap=50.0, deterministic=deterministic, return_lse=True)
+    ref_out, _ = attention_ref(q.float(), k.float(), v.float(), window_size=window, softcap=50.0)
+    pt_out, _ = attention_ref(q, k, v, upcast=False, window_size=window, softcap=50.0)
+    atol = 2 * (ref_out + 0.3 - 0.3 - ref_out).abs().max().item()
+    err, err_pt = (out.float() - ref_out).abs().max().item(), (pt_out.float() - ref_out).abs().max().item()
+    assert err <= 2 * err_pt + atol, f"out: err {err:.3e} > 2 * pt {err_pt:.3e} + atol {atol:.3e}"
+    grads = torch.autograd.grad(out, leaves, dout)
+    for name, e, bound in tolerance_rule(q, k, v, dout, out.detach(), grads, False, window_size=window, softcap=50.0):
+        assert e <= bound, f"{name}: err {e:.3e} > 2 * pt + atol = {bound:.3e}"
