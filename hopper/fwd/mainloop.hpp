@@ -363,13 +363,7 @@ struct FwdMainloopSm90 {
                 scheduler_arrive(wg);
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
                 warpgroup_fence_operand(tSrS);
-                if constexpr (kSoftcap) {
-                    // Without kPin ptxas waits for the PV before the softmax anyway (at the mask's branch); the tanh
-                    // waits there too, or it runs while the PV's P and O hold their registers (228 B of spills at
-                    // hdim 64). With kPin it belongs to the softmax that overlaps the PV.
-                    if constexpr (!kPin) { warpgroup_wait<0>(); }
-                    apply_softcap();
-                }
+                if constexpr (kSoftcap && kPin) { apply_softcap(); }  // part of the softmax that overlaps the PV
                 pipe_k.consumer_release(st_k);
                 // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
                 // the producer only then loads the next tile's Q.
@@ -382,6 +376,13 @@ struct FwdMainloopSm90 {
                         ++st_q;
                     }
                     if (first) { finalize_previous(); }
+                    if constexpr (kSoftcap) {
+                        // ptxas waits for the PV before the softmax here anyway (at the mask's branch); the tanh
+                        // waits there too, or it runs while the PV's P and O hold their registers (228 B of spills
+                        // at hdim 64).
+                        warpgroup_wait<0>();
+                        apply_softcap();
+                    }
                 }
                 mask(n);
                 softmax.online(tS_rc, o_scale);
