@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -47,7 +48,7 @@ int window_side(int64_t side, const char* name) {
 }
 
 void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale,
-                    bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right) {
+                    bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right, double softcap) {
     check_attn_tensor(q, "q", q);
     check_attn_tensor(k, "k", q);
     check_attn_tensor(v, "v", q);
@@ -68,6 +69,10 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.num_heads_k = k.size(2);
     p.head_dim = q.size(3);
     p.softmax_scale = static_cast<float>(scale);
+    // 0 = off; the launchers refuse the combinations no softcap kernel is built for (common/softcap.hpp).
+    TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0 && std::isfinite(static_cast<float>(softcap)),
+                      "softcap must be finite and >= 0 (0.0 = off), got ", softcap);
+    p.softcap = static_cast<float>(softcap);
     p.is_causal = causal;
     TORCH_CHECK_VALUE(causal || (window_left == -1 && window_right == -1),
                       "a window runs on the causal kernels (causal=True), got causal=False with window (",
@@ -106,10 +111,10 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q) {
 
 void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              double softmax_scale, bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right,
-             const c10::optional<at::Tensor>& sink) {
+             const c10::optional<at::Tensor>& sink, double softcap) {
     c10::cuda::CUDAGuard guard(q.device());
     FwdParams p{};
-    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right);
+    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
     if (sink.has_value()) {
         TORCH_CHECK_VALUE(sink->is_cuda() && sink->device() == q.device() && sink->scalar_type() == at::kFloat &&
                               sink->is_contiguous() && sink->dim() == 1 && sink->size(0) == q.size(2),
@@ -130,10 +135,10 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
              int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
-             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right) {
+             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
-    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right);
+    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
     check_output(out, "out", q);
     check_output(dout, "dout", q);
     check_output(dq, "dq", q);

@@ -6,10 +6,11 @@ checks, the mask a window describes for a shape (FlashAttention-3's canonical fo
 :func:`.schedule.tiles.canonical_window`), and the decision whether the sm90 kernels run a call's features.
 
 The full-mask kernels run the full mask; the causal kernels run the causal mask and every other window, whose two
-sides they take at run time (:func:`kernel_window`); the forward kernels fold a sink into each row's softmax.
-``softcap != 0`` is refused on CUDA tensors with a NotImplementedError naming the argument, before anything is
-launched. CPU tensors run the
-reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
+sides they take at run time (:func:`kernel_window`); the forward kernels fold a sink into each row's softmax. A
+softcap runs on the full and causal kernels with the tanh compiled in (forward and backward), not with a sliding
+window or a sink (no kernels are built for those). What the kernels lack (and, until their GPU tests pass, a softcap) is
+refused on CUDA tensors with a NotImplementedError naming the argument, before anything is launched. CPU tensors run
+the reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
 torch.compile's fake tensors too.
 """
 from __future__ import annotations
@@ -19,9 +20,13 @@ from collections.abc import Sequence
 
 import torch
 
+from . import variants
 from .launch import CAUSAL_WINDOW, NO_WINDOW, check_schedule, check_schedule_name
 from .schedule.tiles import canonical_window, check_window_size
 
+# Softcap kernels (the full and causal kernels with the tanh compiled in, forward and backward): refused on CUDA
+# tensors until tests/test_softcap_gpu.py passes on a GPU (the tests lift this for themselves).
+SOFTCAP_KERNELS_VALIDATED = False
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -72,26 +77,39 @@ def kernel_window(causal: bool, window_size: Sequence[int], seqlen_q: int,
     return (False, NO_WINDOW) if window == NO_WINDOW else (True, window)
 
 
-def kernel_refusal(softcap: float) -> str | None:
+def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None, *,
+                   has_sink: bool = False) -> str | None:
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
-    The decision reads Python values only, so it is tested on any machine."""
+    ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask). A softcap runs
+    on the full and causal kernels, with a sliding window or a learnable sink (``has_sink``) only where the variant
+    table builds that combination (``variants.SOFTCAP_WITH``), and is refused while :data:`SOFTCAP_KERNELS_VALIDATED`
+    is False. The decision reads Python values only, so it is tested on any machine."""
     reasons = []
     if softcap != 0:
-        reasons.append(f"softcap={softcap} (only 0.0 runs there)")
+        unbuilt = [what for what, present, key in (("a sliding window", sliding_window is not None, "window"),
+                                                   ("a learnable_sink", has_sink, "sink"))
+                   if present and key not in variants.SOFTCAP_WITH]
+        if unbuilt:
+            reasons.append(f"softcap={softcap} with {' and '.join(unbuilt)} (no softcap kernel is built for it)")
+        elif not SOFTCAP_KERNELS_VALIDATED:
+            reasons.append(f"softcap={softcap} (its kernels are built but have not passed their GPU tests yet)")
     if not reasons:
         return None
     return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "
             "with every feature.")
 
 
-def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, seqlen_q: int,
-                seqlen_k: int) -> tuple[bool, tuple[int, int]]:
-    """The kernels' ``(causal, window)`` for these features (:func:`kernel_window`); NotImplementedError
-    (:func:`kernel_refusal`'s message) where they cannot run them."""
-    why = kernel_refusal(softcap)
+def kernel_mask(causal: bool, window_size: Sequence[int], softcap: float, seqlen_q: int, seqlen_k: int, *,
+                has_sink: bool = False) -> tuple[bool, tuple[int, int]]:
+    """The kernels' ``(causal, window)`` for these features (:func:`kernel_window`; a softcap runs with the mask
+    this names, on the same shape); NotImplementedError (:func:`kernel_refusal`'s message) where they cannot run
+    them. ``has_sink``: the call has a learnable sink."""
+    kernels = kernel_window(causal, window_size, seqlen_q, seqlen_k)
+    sliding = kernels[1] if kernels[1] not in (NO_WINDOW, CAUSAL_WINDOW) else None
+    why = kernel_refusal(softcap, sliding, has_sink=has_sink)
     if why is not None:
         raise NotImplementedError(why)
-    return kernel_window(causal, window_size, seqlen_q, seqlen_k)
+    return kernels
 
 
 def check_schedule_on_mask(schedule: str, causal: bool, window_size: Sequence[int], seqlen_q: int,
@@ -116,7 +134,7 @@ def check_features(causal: bool, window_size: object, softcap: object, learnable
     check_learnable_sink(learnable_sink, heads, q)
     check_schedule_on_mask(schedule, causal, window, seqlen_q, seqlen_k)
     if q.is_cuda:
-        kernel_mask(causal, window, cap, seqlen_q, seqlen_k)
+        kernel_mask(causal, window, cap, seqlen_q, seqlen_k, has_sink=learnable_sink is not None)
     return window, cap
 
 

@@ -7,7 +7,8 @@ Both carry the features of issue 19 as trailing arguments with FlashAttention's 
 without them keep their meaning. ``bwd`` always returns four tensors, ``(dq, dk, dv, dsink)``: dsink is the sink's
 gradient, (heads,) fp32 summed over batch and rows, or an empty (0,) fp32 tensor without a sink (one schema, one fake
 kernel, whatever the call). On CUDA tensors the features the kernels lack raise before any launch
-(:func:`flash_attn_dash.features.kernel_mask`); sliding windows run on the causal kernels.
+(:func:`flash_attn_dash.features.kernel_mask`); sliding windows run on the causal kernels, a softcap on the full or
+causal kernels with the tanh compiled in (``fwd_out``/``bwd_out`` take it as their last argument).
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
 caller buffers; ``bwd_out`` takes a resolved launch (:mod:`flash_attn_dash.launch`), which :func:`bwd_into`
 decides and passes. Tests use them to poison outputs and to read the dQ accumulation-order trace.
@@ -23,14 +24,14 @@ from .reference import attention_ref, attention_ref_grads
 torch.library.define(
     "flash_attn_dash::fwd_out",
     "(Tensor q, Tensor k, Tensor v, Tensor(a!) out, Tensor(b!) lse, float softmax_scale, bool causal, "
-    "int sm_margin, int window_left=-1, int window_right=-1, Tensor? sink=None) -> ()",
+    "int sm_margin, int window_left=-1, int window_right=-1, Tensor? sink=None, float softcap=0.0) -> ()",
 )
 torch.library.define(
     "flash_attn_dash::bwd_out",
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
     "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None, int window_left=-1, "
-    "int window_right=-1) -> ()",
+    "int window_right=-1, float softcap=0.0) -> ()",
 )
 
 
@@ -59,14 +60,15 @@ def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
              causal: bool, deterministic: bool, schedule: str, sm_margin: int = 0,
              order_trace: torch.Tensor | None = None, timeline: torch.Tensor | None = None,
-             window: tuple[int, int] = (-1, -1)) -> BwdLaunch:
+             window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> BwdLaunch:
     """Run the CUDA backward into ``dq``/``dk``/``dv`` (and the optional debug buffers); returns the launch used.
-    ``causal``, ``window``: the kernels' (:func:`.features.kernel_window`)."""
+    ``causal``, ``window``: the kernels' (:func:`.features.kernel_window`); ``softcap``: 0 or the forward's cap (the
+    softcap kernels run the same order as the plain ones)."""
     num_sms = checks.check_sm_margin(sm_margin, q.device)
     launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window)
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
-                                      timeline, *window)
+                                      timeline, *window, softcap)
     return launch
 
 
@@ -86,7 +88,8 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return
-    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1],
+                                          has_sink=learnable_sink is not None)
     check_cuda_inputs(q, k, v, sm_margin)
     if q.numel() == 0:
         return
@@ -98,7 +101,7 @@ def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.T
             lse.copy_(learnable_sink.to(torch.float32)[None, :, None].expand_as(lse))
         return
     sink = None if learnable_sink is None else learnable_sink.to(torch.float32).contiguous()
-    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin, *window, sink)
+    torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin, *window, sink, softcap)
 
 
 @torch.library.custom_op("flash_attn_dash::fwd", mutates_args=())
@@ -150,14 +153,15 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         if dsink is not None and grads.dsink is not None:
             dsink.copy_(grads.dsink)
         return
-    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1])
+    causal, window = features.kernel_mask(causal, window_size, softcap, q.shape[1], k.shape[1],
+                                          has_sink=learnable_sink is not None)
     _ext.require_kernels()
     if q.numel() == 0 or k.numel() == 0:
         for grad in (dq, dk, dv):
             grad.zero_()
         return
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
-             window=window)
+             window=window, softcap=softcap)
     if learnable_sink is not None and dsink is not None:
         dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
 

@@ -135,6 +135,13 @@ NONDETERMINISTIC_WALKS: dict[str, tuple[str, ...]] = {
 
 SCHEDULE_NAMES: tuple[str, ...] = tuple(s.name for s in SCHEDULES)
 
+# Softcap kernels (forward kSoftcap, backward Is_softcap) exist for the full and causal masks; SOFTCAP_WITH names the
+# features they also combine with, of ("window", "sink"): a sliding window would add one forward and five backward
+# kernels per translation unit, a sink one or two forward kernels (the backward needs none). The launchers instantiate
+# exactly these (hopper/generated/features.h) and the API refuses the others (features.kernel_refusal).
+SOFTCAP_WITH: tuple[str, ...] = ()
+SOFTCAP_COMBINABLE = ("window", "sink")
+
 
 def _check_mask(mask: str) -> None:
     if mask not in MASKS:

@@ -18,12 +18,12 @@ from .varlen_layout import read_layout
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool,
-           window_size: tuple[int, int], softcap: float, sm_margin: int) -> None:
+           window_size: tuple[int, int], softcap: float, has_sink: bool, sm_margin: int) -> None:
     """Before the first launch: the features the kernels lack and the dense kernels' constraints on the packed tensors
     (every sequence's view shares their strides and alignment). Each sequence's dense call then takes ``(causal,
     window_size)`` as given, so it runs what flash_attn_func runs for that sequence alone (the reproducibility
     contract); a side that clips nothing at the maximum lengths clips nothing in any sequence (FlashAttention-3)."""
-    features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k)
+    features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k, has_sink=has_sink)
     ops.check_cuda_inputs(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), sm_margin)
 
 
@@ -33,11 +33,11 @@ def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: tor
             window_size: tuple[int, int], softcap: float,
             learnable_sink: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
     """``flash_attn_dash::varlen_fwd`` on CUDA tensors."""
-    _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, sm_margin)
+    _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink is not None, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     return varlen_per_sequence.forward(q, k, v, seqs, softmax_scale, causal, sm_margin, window_size=window_size,
-                                       learnable_sink=learnable_sink)
+                                       softcap=softcap, learnable_sink=learnable_sink)
 
 
 def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -48,9 +48,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   learnable_sink: torch.Tensor | None, dsink: torch.Tensor | None = None) -> None:
     """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients (and ``dsink``, zero-filled, with
     a sink)."""
-    _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, sm_margin)
+    _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink is not None, sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
-                                      schedule, sm_margin, window_size=window_size, learnable_sink=learnable_sink,
-                                      dsink=dsink)
+                                      schedule, sm_margin, window_size=window_size, softcap=softcap,
+                                      learnable_sink=learnable_sink, dsink=dsink)

@@ -4,7 +4,8 @@
     python hopper/generate.py --check  # exit 1 and name the files that differ (CI)
 
 Outputs: one translation unit per (pass, head dim, dtype) in hopper/generated/, the schedule header the backward
-launcher dispatches through (hopper/generated/schedules.h), and the binding's kernel table (csrc/kernel_table.h).
+launcher dispatches through (hopper/generated/schedules.h), the feature kernels' header (hopper/generated/features.h)
+and the binding's kernel table (csrc/kernel_table.h).
 """
 from __future__ import annotations
 
@@ -130,6 +131,16 @@ def schedules_header() -> str:
             "\n    }\n    return false;\n}\n\n}  // namespace bwd\n}  // namespace flash_dash\n")
 
 
+def features_header() -> str:
+    unknown = set(V.SOFTCAP_WITH) - set(V.SOFTCAP_COMBINABLE)
+    assert not unknown, f"SOFTCAP_WITH: unknown features {sorted(unknown)}"
+    flags = "\n".join(f"constexpr bool kSoftcapWith{name.capitalize()} = {str(name in V.SOFTCAP_WITH).lower()};"
+                       for name in V.SOFTCAP_COMBINABLE)
+    return (HEADER + "// Which features the softcap kernels (full and causal masks) also combine with (variants.SOFTCAP_WITH):\n"
+            "// the launchers instantiate those and refuse the rest (common/softcap.hpp). Plain C++.\n"
+            "#pragma once\n\nnamespace flash_dash {\n\n" + flags + "\n\n}  // namespace flash_dash\n")
+
+
 def kernel_table() -> str:
     decls, fwd, bwd = [], [], []
     for v in V.variants():
@@ -160,6 +171,7 @@ def files() -> dict[Path, str]:
     out = {GENERATED / f"{v.name}.cu": (fwd_unit if v.pass_ == "fwd" else bwd_unit)(v) for v in V.variants()}
     out[GENERATED / "schedule_ids.h"] = schedule_ids_header()
     out[GENERATED / "schedules.h"] = schedules_header()
+    out[GENERATED / "features.h"] = features_header()
     out[KERNEL_TABLE] = kernel_table()
     return out
 

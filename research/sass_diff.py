@@ -18,9 +18,16 @@ from pathlib import Path
 
 # BwdTraits<E, 64, 128, 128, 24, 240> (the variant table's tile and registers as template arguments) and the
 # older BwdTraits<E, 64> name the same kernel configuration.
-# The sliding-window and sink flags (bwd Is_local, fwd kWindow, kSink) added to the kernels' template arguments: false is the
-# kernel that existed before it.
-KEY_RULES = [(re.compile(r"BwdTraits<([^,<>]+), (\d+)(?:, \d+){4}>"), r"BwdTraits<\1, \2>"),
+# The sliding-window, sink and softcap flags (bwd Is_local, Is_softcap, fwd kWindow, kSink, kSoftcap) added to the kernels'
+# template arguments: false is the kernel that existed before it. The softcap flag, the newest, goes first: false is
+# dropped, true becomes a SOFTCAP mark (so the older rules cannot turn a softcap kernel into another kernel's key).
+_BWD3 = r"(bwd_kernel_sm90<[\w:]*BwdTraits<[^<>]*>(?:, (?:true|false)){2})"
+_FWD2 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false)){2})"
+KEY_RULES = [(re.compile(_BWD3 + r", false(, (?:true|false),)"), r"\1\2"),
+             (re.compile(_BWD3 + r", true(, (?:true|false),)"), r"\1, SOFTCAP\2"),
+             (re.compile(_FWD2 + r", false>"), r"\1>"),
+             (re.compile(_FWD2 + r", true>"), r"\1, SOFTCAP>"),
+             (re.compile(r"BwdTraits<([^,<>]+), (\d+)(?:, \d+){4}>"), r"BwdTraits<\1, \2>"),
              (re.compile(r"(bwd_kernel_sm90<[\w:]*BwdTraits<[^<>]*>, (?:true|false)), false,"), r"\1,"),
              (re.compile(r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>), false(?:, false)?>"), r"\1 >")]
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*/\* 0x[0-9a-f]+ \*/")

@@ -16,10 +16,12 @@ def main():
     b, h, hk = 1, 2, 1  # GQA
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
     # Sliding windows run the causal kernels with the window's bounds: ascending and descending (any band).
-    cases = [(200, 300, False, (-1, -1)), (200, 300, True, (-1, 0)), (256, 256, True, (-1, 0)),
-             (600, 600, True, (128, 0)), (300, 400, True, (64, 64))]
+    # Softcaps (the Is_softcap kernels): every order of both masks.
+    cases = [(200, 300, False, (-1, -1), 0.0), (200, 300, True, (-1, 0), 0.0), (256, 256, True, (-1, 0), 0.0),
+             (600, 600, True, (128, 0), 0.0), (300, 400, True, (64, 64), 0.0), (200, 300, False, (-1, -1), 30.0),
+             (200, 300, True, (-1, 0), 5.0), (256, 256, True, (-1, 0), 30.0)]
     for d in gpu_head_dims():
-        for sq, sk, causal, window in cases:
+        for sq, sk, causal, window, softcap in cases:
             mask = "causal" if causal else "full"
             orders = variants.schedules_for(mask) if window in ((-1, -1), (-1, 0)) else ("ascending", "descending")
             runs = [(False, "auto")] + [(True, s) for s in orders]
@@ -30,12 +32,13 @@ def main():
                 with torch.no_grad():
                     # (causal, window) are the kernels' (features.kernel_window): the window alone is the mask.
                     o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal and window == (-1, -1),
-                                           window_size=window)
+                                           window_size=window, softcap=softcap)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
                 bwd_into(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv, d ** -0.5, causal, det,
-                         sched, window=window)
+                         sched, window=window, softcap=softcap)
                 torch.cuda.synchronize()
-                print(f"ok d={d} sq={sq} sk={sk} causal={causal} window={window} det={det} schedule={sched}")
+                print(f"ok d={d} sq={sq} sk={sk} causal={causal} window={window} softcap={softcap} det={det} "
+                      f"schedule={sched}")
 
 
 if __name__ == "__main__":

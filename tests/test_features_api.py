@@ -446,14 +446,54 @@ def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_
 
 
 def test_kernel_refusal_names_every_unsupported_argument():
-    assert features.kernel_refusal(30.0) == ("the sm90 kernels do not support softcap=30.0 (only 0.0 runs there) "
-                                             "yet. CPU tensors run the PyTorch reference with every feature.")
+    assert features.kernel_refusal(30.0, (128, 0)) == (
+        "the sm90 kernels do not support softcap=30.0 with a sliding window (no softcap kernel is built for it) yet. "
+        "CPU tensors run the PyTorch reference with every feature.")
     assert features.kernel_refusal(0.0) is None
+    assert features.kernel_refusal(0.0, has_sink=True) is None
     assert "softcap=0.5" in features.kernel_refusal(0.5)
 
 
+SOFTCAP_UNVALIDATED = r"softcap=50.0 \(its kernels are built but have not passed their GPU tests yet\)"
+
+
+def test_softcap_refusal_until_its_kernels_pass_on_a_gpu():
+    """SOFTCAP_KERNELS_VALIDATED is False: every softcap is refused, naming it; the combinations without kernels (a
+    sliding window, a sink) are refused for that reason whatever the gate says."""
+    assert not features.SOFTCAP_KERNELS_VALIDATED
+    assert features.kernel_refusal(50.0) == (
+        "the sm90 kernels do not support softcap=50.0 (its kernels are built but have not passed their GPU tests yet) "
+        "yet. CPU tensors run the PyTorch reference with every feature.")
+    assert "softcap=50.0 with a learnable_sink (no softcap kernel is built for it)" in \
+        features.kernel_refusal(50.0, has_sink=True)
+
+
+@pytest.mark.usefixtures("softcap_kernels")
+def test_softcap_kernels_run_the_full_and_causal_masks_alone():
+    """With the gate lifted: a softcap runs on the full and causal kernels (also where a window is one of those masks
+    on the call's shape); with a sliding window or a sink, or both, it is refused, naming the combination."""
+    assert features.kernel_refusal(50.0) is None
+    for causal, window, sq, sk, kernels in [(False, (-1, -1), 64, 64, (False, (-1, -1))),
+                                            (True, (-1, -1), 64, 64, (True, (-1, 0))),
+                                            (False, (-1, 0), 64, 80, (True, (-1, 0))),
+                                            (True, (5000, 3), 64, 64, (True, (-1, 0))),
+                                            (False, (100, 100), 64, 64, (False, (-1, -1)))]:
+        assert features.kernel_mask(causal, window, 50.0, sq, sk) == kernels
+    for window in ((3, 0), (8, 8), (-1, 4)):
+        with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a sliding window \(no softcap kernel is "
+                                                      r"built for it\)"):
+            features.kernel_mask(False, window, 50.0, 64, 64)
+        assert features.kernel_mask(False, window, 0.0, 64, 64)[0]  # the window alone runs
+    with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a learnable_sink \(no softcap kernel"):
+        features.kernel_mask(True, (-1, -1), 50.0, 64, 64, has_sink=True)
+    with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a sliding window and a learnable_sink"):
+        features.kernel_mask(False, (3, 0), 50.0, 64, 64, has_sink=True)
+    assert features.kernel_mask(True, (-1, -1), 0.0, 64, 64, has_sink=True) == (True, (-1, 0))
+
+
 REFUSED = [
-    (dict(softcap=50.0), r"softcap=50.0 \(only 0.0 runs there\)"),
+    (dict(softcap=50.0), SOFTCAP_UNVALIDATED),
+    (dict(softcap=50.0, causal=True), SOFTCAP_UNVALIDATED),
 ]
 
 
@@ -558,8 +598,8 @@ def test_windows_that_are_a_mask_launch_exactly_the_plain_call(cuda_spies, causa
     assert dense == [c for c in plain if c == "checked" or c[0] in ("fwd_out", "bwd_into")]
     kernel_window = (-1, 0) if plain_causal else (-1, -1)
     assert [c for c in plain if c != "checked"][:2] == [
-        ("fwd_out", (0.125, plain_causal, 0, *kernel_window, None)),
-        ("bwd_into", (0.125, plain_causal, True, "auto", 0), {"window": kernel_window}),
+        ("fwd_out", (0.125, plain_causal, 0, *kernel_window, None, 0.0)),
+        ("bwd_into", (0.125, plain_causal, True, "auto", 0), {"window": kernel_window, "softcap": 0.0}),
     ]
     # The varlen path hands each sequence the call's own (causal, window_size), as flash_attn_func would get them for
     # that sequence alone; on these 64-token sequences they pick the plain call's kernels.
@@ -579,4 +619,62 @@ def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
         vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
         with pytest.raises(NotImplementedError, match="softcap=3.0"):
             varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), 3.0, None)
+    assert cuda_spies == []
+
+
+@pytest.mark.usefixtures("softcap_kernels")
+def test_cuda_tensors_run_softcaps_once_validated():
+    """With the gate lifted every entry point runs a softcap on (fake) CUDA tensors, with the full and causal masks;
+    with a sink it is refused at the call, naming both."""
+    with FakeTensorMode():
+        for name, call in _cuda_entry_points().items():
+            for kwargs in (dict(softcap=50.0), dict(softcap=5.0, causal=True), dict(softcap=30.0, window_size=(-1, 0))):
+                out = call(**kwargs)
+                assert out.is_cuda and out.shape[-2:] == (4, 64), name
+            with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a learnable_sink"):
+                call(softcap=30.0, learnable_sink=torch.zeros(4, device="cuda"))
+
+
+@pytest.mark.usefixtures("softcap_kernels")
+@pytest.mark.parametrize("causal,window,kernel_causal,kernel_window", [
+    (False, (-1, -1), False, (-1, -1)), (True, (-1, -1), True, (-1, 0)), (False, (-1, 0), True, (-1, 0)),
+    (True, (500, -1), True, (-1, 0)),
+])
+def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_causal, kernel_window):
+    """The CUDA paths hand the softcap to the forward's fwd_out and the backward's bwd_into (the C++ launchers pick
+    the softcap kernels from it) with the mask kernel_mask names, and the varlen path to each sequence's dense call."""
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
+        lse = torch.empty(2, 4, 64, device="cuda")
+        ops.forward_into(q, q, q, q, lse, 0.125, causal, 0, window_size=window, softcap=30.0)
+        ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, causal, False, "auto", 0, window_size=window,
+                          softcap=30.0)
+        vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
+        varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, causal, 0, window, 30.0, None)
+        varlen_cuda.backward_into(vq, vq, vq, vq, vq, lse, vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, causal,
+                                  True, "auto", 0, window, 30.0, None)
+    launches = [c for c in cuda_spies if c != "checked"]
+    assert launches[:2] == [
+        ("fwd_out", (0.125, kernel_causal, 0, *kernel_window, None, 30.0)),
+        ("bwd_into", (0.125, kernel_causal, False, "auto", 0), {"window": kernel_window, "softcap": 30.0}),
+    ]
+    varlen = [c for c in launches if c[0].startswith("varlen")]
+    assert [(c[0], c[2]["softcap"], c[2]["window_size"]) for c in varlen] == [
+        ("varlen_forward", 30.0, window), ("varlen_backward", 30.0, window)]
+
+
+def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies, monkeypatch):
+    monkeypatch.setattr(features, "SOFTCAP_KERNELS_VALIDATED", True)
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
+        lse = torch.empty(2, 4, 64, device="cuda")
+        sink = torch.zeros(4, device="cuda")
+        with pytest.raises(NotImplementedError, match="softcap=3.0 with a learnable_sink"):
+            ops.forward_into(q, q, q, q, lse, 0.125, True, 0, softcap=3.0, learnable_sink=sink)
+        with pytest.raises(NotImplementedError, match="softcap=3.0 with a learnable_sink"):
+            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, True, True, "auto", 0, softcap=3.0,
+                              learnable_sink=sink)
+        vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
+        with pytest.raises(NotImplementedError, match="softcap=3.0 with a learnable_sink"):
+            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), 3.0, sink)
     assert cuda_spies == []

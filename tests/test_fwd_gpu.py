@@ -36,10 +36,10 @@ def _run_fwd(q, k, v, softmax_scale, causal, sm_margin=0, poison=True):
     return out, lse
 
 
-def _check(q, k, v, out, lse, softmax_scale, causal, window_size=(-1, -1)):
+def _check(q, k, v, out, lse, softmax_scale, causal, window_size=(-1, -1), softcap=0.0):
     from flash_attn_dash.reference import attention_ref
 
-    ref = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size)
+    ref = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap)
     out_ref, lse_ref = attention_ref(q, k, v, upcast=True, **ref)
     out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **ref)
     assert out.shape == q.shape and out.dtype == q.dtype

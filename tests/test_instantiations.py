@@ -95,3 +95,53 @@ def test_a_new_head_dim_is_one_table_entry(monkeypatch):
     assert not any("hdim96" in src for src in build_config.kernel_sources())
     monkeypatch.setenv("FLASH_DASH_HDIMS", "96")
     assert build_config.kernel_sources() == hdim96_sources
+
+
+SOFTCAP_FACTS_CPP = r"""
+#include <cmath>
+#include <cstdio>
+#include "common/softcap.hpp"
+using namespace flash_dash;
+int main() {
+    float const caps[] = {0.f, 30.f, -1.f, INFINITY, NAN};
+    for (float c : caps) {
+        for (int w = 0; w < 2; ++w) {
+            for (int s = 0; s < 2; ++s) {
+                char const* why = softcap_error(c, w, s);
+                std::printf("%d %d %s\n", w, s, why ? why : "ok");
+            }
+        }
+    }
+}
+"""
+
+
+def test_softcap_kernels_are_the_tables(tmp_path_factory, monkeypatch):
+    """variants.SOFTCAP_WITH drives the launchers' softcap_error (generated/features.h, compiled on the host) and the
+    API's refusal alike: a softcap runs alone, with a sliding window or a sink only where the table builds it, and
+    a bad value is refused by both. Adding "window" to the table changes only the generated features header."""
+    from flash_attn_dash import features
+
+    exe = build_host_program(tmp_path_factory, "softcap_facts", SOFTCAP_FACTS_CPP)
+    rows = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
+    monkeypatch.setattr(features, "SOFTCAP_KERNELS_VALIDATED", True)
+    for cap, block in zip((0.0, 30.0, -1.0, float("inf"), float("nan")), (rows[i:i + 4] for i in range(0, 20, 4))):
+        for row in block:
+            window, sink, why = row.split(" ", 2)
+            window, sink = window == "1", sink == "1"
+            if cap < 0 or cap != cap or cap == float("inf"):
+                assert why == "flash_dash: softcap must be finite and >= 0"
+                with pytest.raises(ValueError, match="softcap must be finite and >= 0"):
+                    features.check_softcap(cap)
+                continue
+            refusal = features.kernel_refusal(cap, (64, 0) if window else None, has_sink=sink)
+            assert (why == "ok") == (refusal is None), (cap, window, sink, why, refusal)
+            assert (why == "ok") == (cap == 0 or ((not window or "window" in variants.SOFTCAP_WITH)
+                                                  and (not sink or "sink" in variants.SOFTCAP_WITH)))
+    before = generate.files()
+    monkeypatch.setattr(variants, "SOFTCAP_WITH", ("window",))
+    after = generate.files()
+    assert {p for p in after if after[p] != before[p]} == {generate.GENERATED / "features.h"}
+    assert "constexpr bool kSoftcapWithWindow = true;" in after[generate.GENERATED / "features.h"]
+    assert features.kernel_refusal(30.0, (64, 0)) is None
+    assert "with a learnable_sink" in features.kernel_refusal(30.0, has_sink=True)

@@ -21,7 +21,7 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_kernel_sm90(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -75,8 +75,8 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
-        BwdMainloop<Traits, Is_causal, Is_local, Deterministic, Policy>::run(params, ss, pipeline_q, pipeline_do,
-                                                                   int(threadIdx.x) - 128, num_tiles);
+        BwdMainloop<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy>::run(
+            params, ss, pipeline_q, pipeline_do, int(threadIdx.x) - 128, num_tiles);
     }
 #endif
 }

@@ -25,6 +25,8 @@ struct BwdKernelParams {
     TmaK tma_k, tma_v;
     SchedShape sched;
     int head_dim, group;
+    // softmax_scale scales dK and dQ; scale_log2 turns the scores the softmax sees into exp2 units: softmax_scale *
+    // log2 e, or in the softcap kernels (whose softmax sees tanh(S * softcap_prescale)) softcap * log2 e.
     float softmax_scale, scale_log2;
     float* dq_accum;
     float* dpsum;
@@ -39,6 +41,8 @@ struct BwdKernelParams {
     int64_t dk_row, dk_head, dk_batch, dv_row, dv_head, dv_batch;
     int* order_trace;
     long long* timeline;  // FLASH_DASH_BWD_TIMELINE builds only (bwd/timeline.hpp)
+    // Softcap kernels: softmax_scale / softcap (last, so the other kernels' parameter offsets do not move).
+    float softcap_prescale;
 };
 
 }  // namespace bwd

@@ -11,6 +11,7 @@
 #include "bwd/preprocess.hpp"
 #include "common/flash_params.h"
 #include "common/launch_utils.h"
+#include "common/softcap.hpp"
 #include "generated/schedules.h"
 
 namespace flash_dash {
@@ -53,21 +54,29 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     return w;
 }
 
-template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
-    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Deterministic, Policy>;
+    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("backward main kernel launch");
 }
 
 // Launches the main kernel of the call's mask, mode and policy; launch_error has checked that it is instantiated
-// (generated/schedules.h says which are; sliding windows instantiate the causal mask's policies).
-template <class Traits, bool Is_causal, bool Is_local, bool Deterministic>
+// (generated/schedules.h says which are; sliding windows and softcaps instantiate their mask's policies).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic>
 void launch_policy(Schedule policy, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
-        launch_main<Traits, Is_causal, Is_local, Deterministic, typename decltype(tag)::type>(kp, grid, stream);
+        launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, typename decltype(tag)::type>(kp, grid,
+                                                                                                       stream);
     });
+}
+
+// The main kernel of the call's mode for one mask.
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap>
+void launch_mode(BwdParams const& p, BwdKernelParams<Traits> const& kp, cudaStream_t stream) {
+    if (p.deterministic) launch_policy<Traits, Is_causal, Is_local, Is_softcap, true>(p.schedule, kp, p.grid, stream);
+    else launch_policy<Traits, Is_causal, Is_local, Is_softcap, false>(p.schedule, kp, p.grid, stream);
 }
 
 // Whether the backward of Traits instantiates `policy` for this mask and mode.
@@ -116,6 +125,8 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         throw std::invalid_argument("flash_dash bwd: unknown schedule id " + std::to_string(int(p.schedule)));
     }
     if (char const* why = mask_mismatch(p.schedule, p.is_causal)) { throw std::invalid_argument(why); }
+    bool const local = p.is_causal && is_sliding_window(p.window_left, p.window_right);
+    if (char const* why = softcap_error(p.softcap, local, /*sink=*/false)) { throw std::invalid_argument(why); }
     if (p.head_dim != kHeadDim) { throw std::invalid_argument("flash_dash bwd: head_dim mismatch"); }
     if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
         throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
@@ -133,7 +144,6 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.window_left = p.window_left; s.window_right = p.window_right;
     s.claim_group = p.claim_group;
     if (char const* why = launch_error<Traits>(p, s)) { throw std::invalid_argument(why); }
-    int const grid = p.grid;
 
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
 
@@ -167,7 +177,9 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.head_dim = kHeadDim;
     kp.group = p.num_heads / p.num_heads_k;
     kp.softmax_scale = p.softmax_scale;
-    kp.scale_log2 = p.softmax_scale * float(M_LOG2E);
+    // Softcap kernels: P = exp2(tanh(S * softcap_prescale) * softcap * log2 e - lse * log2 e).
+    kp.scale_log2 = (p.softcap > 0.f ? p.softcap : p.softmax_scale) * float(M_LOG2E);
+    kp.softcap_prescale = p.softcap > 0.f ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f;
     kp.dq_accum = reinterpret_cast<float*>(ws + w.dq_accum); kp.dpsum = pre.dpsum; kp.lse_log2 = pre.lse_log2; kp.dq_sem = pre.dq_sem;
     kp.tile_counter = pre.tile_counter;
     kp.dk_accum = w.gqa ? reinterpret_cast<float*>(ws + w.dk_accum) : nullptr;
@@ -179,16 +191,21 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.order_trace = p.order_trace;
     kp.timeline = p.timeline;
 
-    bool const local = p.is_causal && is_sliding_window(p.window_left, p.window_right);
-    if (local) {
-        if (p.deterministic) launch_policy<Traits, true, true, true>(p.schedule, kp, grid, stream);
-        else launch_policy<Traits, true, true, false>(p.schedule, kp, grid, stream);
+    // softcap_error above: a softcap with a sliding window only where the variant table builds it.
+    if (p.softcap > 0.f) {
+        if (local) {
+            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, true, true, true>(p, kp, stream); }
+        } else if (p.is_causal) {
+            launch_mode<Traits, true, false, true>(p, kp, stream);
+        } else {
+            launch_mode<Traits, false, false, true>(p, kp, stream);
+        }
+    } else if (local) {
+        launch_mode<Traits, true, true, false>(p, kp, stream);
     } else if (p.is_causal) {
-        if (p.deterministic) launch_policy<Traits, true, false, true>(p.schedule, kp, grid, stream);
-        else launch_policy<Traits, true, false, false>(p.schedule, kp, grid, stream);
+        launch_mode<Traits, true, false, false>(p, kp, stream);
     } else {
-        if (p.deterministic) launch_policy<Traits, false, false, true>(p.schedule, kp, grid, stream);
-        else launch_policy<Traits, false, false, false>(p.schedule, kp, grid, stream);
+        launch_mode<Traits, false, false, false>(p, kp, stream);
     }
 
     PostprocessParams post{};

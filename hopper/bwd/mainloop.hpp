@@ -19,7 +19,10 @@ namespace flash_dash {
 namespace bwd {
 
 // Is_local (with Is_causal): the kernels of sliding windows, which also mask the keys left of the window.
-template <class Traits, bool Is_causal, bool Is_local, bool Deterministic, class Policy>
+// Is_softcap: the kernels of softcaps. With t = tanh(S * softmax_scale / softcap) the score is softcap * t, so
+// P = exp2(t * scale_log2 - lse_log2) and dS = P (dP - dPsum) (1 - t^2); softmax_scale then scales dK and dQ as in the
+// other kernels (d(softcap * t)/dS = softmax_scale (1 - t^2)).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
 struct BwdMainloop {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
@@ -101,6 +104,11 @@ struct BwdMainloop {
                     pipeline_do.consumer_wait(pipe_read);
                     wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
                     warpgroup_wait<1>();
+                    if constexpr (Is_softcap) {  // before the mask: a masked score stays -inf
+                        float const prescale = params.softcap_prescale;
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) { tSacc(i) = tanh_approx(tSacc(i) * prescale); }
+                    }
                     float const* slse = &ss.smem_lse[s * kBlockM];
                     bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
                     if (need_mask && Is_local) {
@@ -127,15 +135,32 @@ struct BwdMainloop {
                         }
                     }
                     float const scale_log2 = params.scale_log2;
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int i = 0; i < size(tSacc); ++i) {
-                        tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
-                    }
-                    warpgroup_wait<0>();
-                    float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
-                    CUTLASS_PRAGMA_UNROLL
-                    for (int i = 0; i < size(tdPacc); ++i) {
-                        tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                    if constexpr (Is_softcap) {
+                        // dP first (the tanh above ran beside its GEMM), then P and dS = P (1 - t^2) (dP - dPsum) in
+                        // one pass, so t's derivative needs no registers of its own (at hdim 64, P kept in 16 bits
+                        // through the dP wait spilled 32-136 B). max(., 0): a masked t = -inf gives P = 0 and 0, not
+                        // 0 * -inf.
+                        warpgroup_wait<0>();
+                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            float const t = tSacc(i);
+                            int const query = get<1>(tScS(i));
+                            float const p = exp2f(t * scale_log2 - slse[query]);
+                            tdPacc(i) = p * fmaxf(fmaf(-t, t, 1.f), 0.f) * (tdPacc(i) - sdpsum[query]);
+                            tSacc(i) = p;
+                        }
+                    } else {
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                        }
+                        warpgroup_wait<0>();
+                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                        CUTLASS_PRAGMA_UNROLL
+                        for (int i = 0; i < size(tdPacc); ++i) {
+                            tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                        }
                     }
                     Tensor rP = make_tensor_like<Element>(tSacc);
                     Tensor rdS = make_tensor_like<Element>(tdPacc);

@@ -21,6 +21,9 @@ struct FwdParams {
     TensorStrides q_stride, k_stride, v_stride, o_stride;
     int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
     float softmax_scale;
+    // 0 (off) or > 0: the scores are softcap * tanh(softmax_scale * q.k / softcap) (the softcap kernels; full and causal
+    // masks only, without a sink).
+    float softcap;
     bool is_causal;  // aligned bottom-right when seqlen_q != seqlen_k; also every sliding window (see window_*)
     // The band of the causal kernels: row i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]
     // (both >= 0; the causal mask is (kUnboundedWindow, 0)). Ignored by the full-mask kernels.

@@ -91,6 +91,14 @@ CUTE_DEVICE void wg_gemm(TiledMma& mma, TA const& tA, TB const& tB, TC& tC) {
     if constexpr (kARegs) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
 }
 
+// tanh on the MUFU (tanh.approx.f32: relative error about 2^-11, one instruction where tanhf is a polynomial
+// sequence). The softcap kernels apply it to every score.
+CUTE_DEVICE float tanh_approx(float x) {
+    float y;
+    asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // Quad (4 lanes sharing a GMMA accumulator row) reductions.
 CUTE_DEVICE float quad_allreduce_max(float x) {
     x = fmaxf(x, __shfl_xor_sync(0xffffffff, x, 1));

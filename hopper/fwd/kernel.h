@@ -16,13 +16,13 @@
 
 namespace flash_dash {
 
-// kWindow: the kernel of sliding windows; kSink: of learnable sinks (FwdMainloopSm90).
-template <class Traits, bool kWindow, bool kSink>
+// kWindow: the kernel of sliding windows; kSink: of learnable sinks; kSoftcap: of softcaps (FwdMainloopSm90).
+template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_kernel_sm90(CUTE_GRID_CONSTANT typename Traits::Params const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace cute;
-    using Mainloop = FwdMainloopSm90<Traits, kWindow, kSink>;
+    using Mainloop = FwdMainloopSm90<Traits, kWindow, kSink, kSoftcap>;
     using Epilogue = FwdEpilogueSm90<Traits>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;

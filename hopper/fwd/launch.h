@@ -8,16 +8,18 @@
 #pragma once
 
 #include <algorithm>
+#include <stdexcept>
 #include <cuda_runtime.h>
 
 #include "common/flash_params.h"
 #include "common/launch_utils.h"
+#include "common/softcap.hpp"
 #include "fwd/kernel.h"
 #include "fwd/traits.h"
 
 namespace flash_dash {
 
-template <class Traits, bool kWindow, bool kSink>
+template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
 void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     using namespace cute;
     using Element = typename Traits::Element;
@@ -52,8 +54,9 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         p.batch,
         std::max(1, p.num_heads / std::max(1, p.num_heads_k)),
         (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM,
-        p.softmax_scale,
-        float(double(p.softmax_scale) * 1.4426950408889634),  // log2(e)
+        // The softcap kernels' softmax sees tanh(S * softcap_prescale): its units are softcap's (Traits::Params).
+        kSoftcap ? p.softcap : p.softmax_scale,
+        float(double(kSoftcap ? p.softcap : p.softmax_scale) * 1.4426950408889634),  // log2(e)
         p.is_causal,
         p.window_left,
         p.window_right,
@@ -64,6 +67,7 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         int64_t(p.o_stride.batch),
         0,
         Traits::kL2Prefetch && l2_prefetch,
+        kSoftcap ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f,
     };
     // A multiple of the O store's row block, so that no TMA store box starts at a negative row: the
     // first H200 test of this option, with m_offset = 191 and so a box at row -63, died with an illegal
@@ -75,35 +79,53 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
 
-    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink>;
+    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink, kSoftcap>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("forward kernel");
 }
 
-// The kernel with or without the learnable sink's finalize.
-template <class Traits, bool kWindow>
+// The kernel with or without the learnable sink's finalize (softcap kernels: with one only where the variant table
+// builds it; softcap_error has refused the call otherwise).
+template <class Traits, bool kWindow, bool kSoftcap>
 void launch_fwd_sink(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     if (p.sink != nullptr) {
-        launch_fwd_kernel<Traits, kWindow, true>(p, stream, l2_prefetch);
+        if constexpr (!kSoftcap || kSoftcapWithSink) {
+            launch_fwd_kernel<Traits, kWindow, true, kSoftcap>(p, stream, l2_prefetch);
+        }
     } else {
-        launch_fwd_kernel<Traits, kWindow, false>(p, stream, l2_prefetch);
+        launch_fwd_kernel<Traits, kWindow, false, kSoftcap>(p, stream, l2_prefetch);
+    }
+}
+
+// The kernel of the call's mask; a softcap with a sliding window only where the variant table builds it.
+template <class Full, class Causal, bool kSoftcap>
+void launch_fwd_mask(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal,
+                     bool sliding) {
+    if (sliding) {
+        if constexpr (!kSoftcap || kSoftcapWithWindow) {
+            launch_fwd_sink<Causal, true, kSoftcap>(p, stream, l2_prefetch_causal);
+        }
+    } else if (p.is_causal) {
+        launch_fwd_sink<Causal, false, kSoftcap>(p, stream, l2_prefetch_causal);
+    } else {
+        launch_fwd_sink<Full, false, kSoftcap>(p, stream, l2_prefetch_full);
     }
 }
 
 // The forward of one head dim and dtype: Full and Causal are the kernels of the two masks (one type when the
 // variant table gives both the same configuration; sliding windows run Causal's configuration with the window's
-// bounds compiled in); l2_prefetch_* say whether launches of that mask prefetch each
-// CTA's next tile into L2 (flash_attn_dash/variants.py, FwdTile.l2_prefetch).
+// bounds compiled in, a softcap either mask's with the tanh compiled in); l2_prefetch_* say whether launches of that
+// mask prefetch each CTA's next tile into L2 (flash_attn_dash/variants.py, FwdTile.l2_prefetch).
 template <class Full, class Causal>
 void launch_fwd(FwdParams const& p, cudaStream_t stream, bool l2_prefetch_full, bool l2_prefetch_causal) {
+    bool const sliding = p.is_causal && is_sliding_window(p.window_left, p.window_right);
+    if (char const* why = softcap_error(p.softcap, sliding, p.sink != nullptr)) { throw std::invalid_argument(why); }
     if (p.batch <= 0 || p.seqlen_q <= 0 || p.num_heads <= 0) { return; }
-    if (p.is_causal && is_sliding_window(p.window_left, p.window_right)) {
-        launch_fwd_sink<Causal, true>(p, stream, l2_prefetch_causal);
-    } else if (p.is_causal) {
-        launch_fwd_sink<Causal, false>(p, stream, l2_prefetch_causal);
+    if (p.softcap > 0.f) {
+        launch_fwd_mask<Full, Causal, true>(p, stream, l2_prefetch_full, l2_prefetch_causal, sliding);
     } else {
-        launch_fwd_sink<Full, false>(p, stream, l2_prefetch_full);
+        launch_fwd_mask<Full, Causal, false>(p, stream, l2_prefetch_full, l2_prefetch_causal, sliding);
     }
 }
 

@@ -17,8 +17,9 @@ namespace flash_dash {
 
 // kWindow: the kernel of sliding windows (a causal launch with a left side or a right side other than 0); the
 // others compile without the window's bounds. kSink: the kernel of learnable sinks (Params::sink), whose rows'
-// softmax denominators gain exp(sink[head]).
-template <class Traits, bool kWindow, bool kSink>
+// softmax denominators gain exp(sink[head]). kSoftcap: the kernel of softcaps, whose softmax sees
+// tanh(S * softcap_prescale) in place of S (and softcap's units, Traits::Params), masked after the tanh.
+template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
 struct FwdMainloopSm90 {
     using Element = typename Traits::Element;
     using Params = typename Traits::Params;
@@ -250,6 +251,14 @@ struct FwdMainloopSm90 {
             }
         };
 
+        // Softcap kernels: S -> tanh(S * softmax_scale / softcap) before the mask (a masked score stays -inf) and
+        // the row max; the softmax's scale_log2 (softcap * log2 e) then turns it into softcap * tanh in exp2 units.
+        auto apply_softcap = [&]() {
+            float const prescale = p.softcap_prescale;
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = tanh_approx(tSrS(i) * prescale); }
+        };
+
         constexpr int kNRows = decltype(size<0>(tS_rc))::value;
         float o_scale[kNRows], inv_sum[kNRows], lse[kNRows];
         int const wg = tid / 128;
@@ -322,6 +331,7 @@ struct FwdMainloopSm90 {
                     ++st_q;
                 }
                 softmax.reset();
+                if constexpr (kSoftcap) { apply_softcap(); }
                 // (written out: defining masked_if_needed below before this block changed hdim 64's SASS)
                 if (needs_mask(row0, n)) { apply_mask(row0, n); }
                 softmax.online(tS_rc, o_scale);  // O is zero: no rescale
@@ -353,6 +363,7 @@ struct FwdMainloopSm90 {
                 scheduler_arrive(wg);
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
                 warpgroup_fence_operand(tSrS);
+                if constexpr (kSoftcap && kPin) { apply_softcap(); }  // part of the softmax that overlaps the PV
                 pipe_k.consumer_release(st_k);
                 // Q goes as soon as the tile's last QK^T retired, before its softmax: with one Q buffer
                 // the producer only then loads the next tile's Q.
@@ -365,6 +376,13 @@ struct FwdMainloopSm90 {
                         ++st_q;
                     }
                     if (first) { finalize_previous(); }
+                    if constexpr (kSoftcap) {
+                        // ptxas waits for the PV before the softmax here anyway (at the mask's branch); the tanh
+                        // waits there too, or it runs while the PV's P and O hold their registers (228 B of spills
+                        // at hdim 64).
+                        warpgroup_wait<0>();
+                        apply_softcap();
+                    }
                 }
                 mask(n);
                 softmax.online(tS_rc, o_scale);

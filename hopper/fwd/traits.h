@@ -140,6 +140,8 @@ struct FwdKernelTraits {
         float* lse;
         int seqlen_q, seqlen_k, num_heads, num_heads_k, batch, head_ratio;
         int num_m_blocks;
+        // Natural-log and log2 units per unit of the scores the softmax sees: softmax_scale and softmax_scale * log2 e,
+        // or in the softcap kernels (whose softmax sees tanh(S * softcap_prescale)) softcap and softcap * log2 e.
         float softmax_scale, scale_log2;
         bool is_causal;
         int window_left, window_right;  // is_causal: row i sees keys [i + sk - sq - left, i + sk - sq + right]
@@ -155,6 +157,8 @@ struct FwdKernelTraits {
         // kL2Prefetch kernels: the producer prefetches the next tile's Q and first two K/V blocks into L2 a
         // tile ahead (see FwdMainloopSm90::load).
         bool l2_prefetch_next;
+        // Softcap kernels: softmax_scale / softcap (last, so the other kernels' parameter offsets do not move).
+        float softcap_prescale;
     };
     // First query row of m-block m (negative for the first block of a shifted causal call).
     CUTE_HOST_DEVICE static int first_row(Params const& p, int m_block) { return m_block * kBlockM - p.m_offset; }
