@@ -71,7 +71,7 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.softmax_scale = static_cast<float>(scale);
     // 0 = off; the launchers refuse the combinations no softcap kernel is built for (common/softcap.hpp).
     TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0 && std::isfinite(static_cast<float>(softcap)),
-                      "softcap must be finite and >= 0 (0.0 = off), got ", softcap);
+                      "softcap must be finite and >= 0 (0.0 = off), got ", std::to_string(softcap));
     p.softcap = static_cast<float>(softcap);
     p.is_causal = causal;
     TORCH_CHECK_VALUE(causal || (window_left == -1 && window_right == -1),
