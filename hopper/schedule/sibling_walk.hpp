@@ -1,0 +1,45 @@
+// GQA sibling fold: the (sibling, step) sequence of one backward tile, the same for every role of the kernel.
+// A folded kernel's tile is (b, K/V head hk, n); it walks its policy's Q-tile steps once for each query head sharing
+// hk (siblings s = 0 .. G-1, h = hk * G + s, G = H / Hk) and keeps dK/dV in registers over all of them. The policies
+// walk the folded grid (`folded_grid`: Hk heads, so TileCtx::h is hk), and each sibling's steps take the ranks the
+// policy gives (n, m): ranks do not depend on the head (policies.hpp has the deadlock-freedom argument).
+// Unfolded kernels (kFold false) run each tile for its one query head, as before. Plain C++: the mirror test walks it
+// on the CPU.
+#pragma once
+#include "common/host_device.hpp"
+#include "schedule/policies.hpp"
+
+namespace flash_dash {
+namespace bwd {
+
+template <bool kFold>
+struct SiblingWalk {
+    int group;  // G = H / Hk (1 without GQA)
+
+    // Query heads H, from the shape the policies walk (the folded grid has Hk).
+    FLASH_DASH_HD int query_heads(SchedShape const& s) const { return kFold ? s.heads * group : s.heads; }
+    // The K/V head of tile c.
+    FLASH_DASH_HD int kv_head(TileCtx const& c) const { return kFold ? c.h : c.h / group; }
+
+    // Calls body(h) for each query head of tile c in walk order; every role puts its step loop in `body`.
+    template <class Body>
+    FLASH_DASH_HD void for_each(TileCtx const& c, Body&& body) const {
+        if constexpr (kFold) {
+#if defined(__CUDA_ARCH__)
+            #pragma unroll 1
+#endif
+            for (int sib = 0; sib < group; ++sib) { body(c.h * group + sib); }
+        } else {
+            body(c.h);
+        }
+    }
+};
+
+// The shape a folded kernel's policies walk: one head of the grid per K/V head (and slot_head the identity).
+FLASH_DASH_HD SchedShape folded_grid(SchedShape s) {
+    s.heads = s.heads_k;
+    return s;
+}
+
+}  // namespace bwd
+}  // namespace flash_dash
