@@ -20,7 +20,9 @@ from pathlib import Path
 # older BwdTraits<E, 64> name the same kernel configuration.
 # The sliding-window and sink flags (bwd Is_local, fwd kWindow, kSink) added to the kernels' template arguments: false is the
 # kernel that existed before it.
-KEY_RULES = [(re.compile(r"BwdTraits<([^,<>]+), (\d+)(?:, \d+){4}>"), r"BwdTraits<\1, \2>"),
+# The GQA fold flag (bwd GqaFold, the kernel's last template argument): false is the kernel that existed before it.
+KEY_RULES = [(re.compile(r"(bwd_kernel_sm90<.*?)(>?), false>\("), lambda m: m.group(1) + m.group(2) + (" >(" if m.group(2) else ">(")),
+             (re.compile(r"BwdTraits<([^,<>]+), (\d+)(?:, \d+){4}>"), r"BwdTraits<\1, \2>"),
              (re.compile(r"(bwd_kernel_sm90<[\w:]*BwdTraits<[^<>]*>, (?:true|false)), false,"), r"\1,"),
              (re.compile(r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>), false(?:, false)?>"), r"\1 >")]
 _INSTR = re.compile(r"/\*[0-9a-f]{4,}\*/\s*(.*?)\s*;?\s*/\* 0x[0-9a-f]+ \*/")

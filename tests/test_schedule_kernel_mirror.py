@@ -44,13 +44,11 @@ static void tile_steps(SchedShape const& s, int group, int cta, int t) {
     TileCtx const c = Policy::make_ctx(s, t);
     auto const st = Policy::init(s, c);
     int const steps = Policy::num_steps(s, c, st);
-    SiblingWalk<kFold>{group}.for_each(c, [&](int h) {
-        for (int step = 0; step < steps; ++step) {
-            int const m = Policy::m_block(s, c, st, step);
-            int const rank = Policy::rank(s, c, st, m);
-            long long const row[6] = {cta, c.b, h, c.n, m, rank};
-            out.insert(out.end(), row, row + 6);
-        }
+    SiblingWalk<kFold>{group}.template for_each_step<true>(c, steps, [&](int h, int step) {
+        int const m = Policy::m_block(s, c, st, step);
+        int const rank = Policy::rank(s, c, st, m);
+        long long const row[6] = {cta, c.b, h, c.n, m, rank};
+        out.insert(out.end(), row, row + 6);
     });
 }
 

@@ -35,59 +35,57 @@ struct BwdDqStore {
             TileCtx const c = Policy::make_ctx(sched, t);
             auto const st = Policy::init(sched, c);
             int const steps = Policy::num_steps(sched, c, st);
-            siblings.for_each(c, [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
+            // Not unrolled (for_each_step<true>): see the producer loop (load.hpp).
+            siblings.template for_each_step<true>(c, steps, [&](int h, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 int64_t const bh = int64_t(c.b) * siblings.query_heads(sched) + h;
-                #pragma unroll 1  // see the producer loop (load.hpp)
-                for (int step = 0; step < steps; ++step) {
-                    int const m = Policy::m_block(sched, c, st, step);
-                    float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
-                    int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h;
-                    // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
-                    // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
-                    Handoff::store_begin();
-                    // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
-                    // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
-                    // after the first are unordered). Fewer waits than the proven-deadlock-free
-                    // deterministic order, hence deadlock-free too.
-                    int const rank = Policy::rank(sched, c, st, m);
-                    StepTimeline timeline(params.timeline, (bh * sched.num_m + m) * sched.num_n + rank);
-                    if (lane == 0) {
-                        if constexpr (Deterministic) { wait_eq(sem, rank); }
-                        else if (rank > 0) { wait_ge(sem, 1); }
-                        fence_proxy_async_global();
-                        timeline.acquired();
-                    }
-                    __syncwarp();
-                    auto add_slice = [&](int slice) {
-                        float* dst = gacc + slice * Traits::kdQSliceFloats;
-                        float const* src = Handoff::slice(ss.smem_dqacc, slice);
-                        if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
-                        else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
-                    };
-                    Handoff::store_wait(0);
-                    if (lane == 0) { add_slice(0); }
-                    Handoff::store_wait(1);
-                    if (lane == 0) {
-                        timeline.ready();
-                        add_slice(1);
-                        bulk_commit_group();
-                        int pos;
-                        if (Deterministic || rank == 0) {
-                            bulk_wait_group_0();          // reductions COMPLETED, not just smem read
-                            fence_proxy_async_global();
-                            pos = rank;
-                            red_release_add(sem, 1);
-                        } else {
-                            bulk_wait_group_read_0();
-                            pos = params.order_trace != nullptr ? atomicAdd(sem, 1) : 0;
-                        }
-                        if (params.order_trace != nullptr && pos < sched.num_n) {
-                            params.order_trace[(bh * sched.num_m + m) * sched.num_n + pos] = c.n;
-                        }
-                        timeline.done(int(blockIdx.x), step);
-                    }
-                    __syncwarp();
+                int const m = Policy::m_block(sched, c, st, step);
+                float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
+                int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h;
+                // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
+                // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
+                Handoff::store_begin();
+                // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
+                // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
+                // after the first are unordered). Fewer waits than the proven-deadlock-free
+                // deterministic order, hence deadlock-free too.
+                int const rank = Policy::rank(sched, c, st, m);
+                StepTimeline timeline(params.timeline, (bh * sched.num_m + m) * sched.num_n + rank);
+                if (lane == 0) {
+                    if constexpr (Deterministic) { wait_eq(sem, rank); }
+                    else if (rank > 0) { wait_ge(sem, 1); }
+                    fence_proxy_async_global();
+                    timeline.acquired();
                 }
+                __syncwarp();
+                auto add_slice = [&](int slice) {
+                    float* dst = gacc + slice * Traits::kdQSliceFloats;
+                    float const* src = Handoff::slice(ss.smem_dqacc, slice);
+                    if (rank == 0) { bulk_store(dst, src, kSliceBytes); }
+                    else { bulk_reduce_add_f32(dst, src, kSliceBytes); }
+                };
+                Handoff::store_wait(0);
+                if (lane == 0) { add_slice(0); }
+                Handoff::store_wait(1);
+                if (lane == 0) {
+                    timeline.ready();
+                    add_slice(1);
+                    bulk_commit_group();
+                    int pos;
+                    if (Deterministic || rank == 0) {
+                        bulk_wait_group_0();          // reductions COMPLETED, not just smem read
+                        fence_proxy_async_global();
+                        pos = rank;
+                        red_release_add(sem, 1);
+                    } else {
+                        bulk_wait_group_read_0();
+                        pos = params.order_trace != nullptr ? atomicAdd(sem, 1) : 0;
+                    }
+                    if (params.order_trace != nullptr && pos < sched.num_n) {
+                        params.order_trace[(bh * sched.num_m + m) * sched.num_n + pos] = c.n;
+                    }
+                    timeline.done(int(blockIdx.x), step);
+                }
+                __syncwarp();
             });
         }
         if (lane == 0) { bulk_wait_group_0(); }

@@ -57,7 +57,9 @@ struct BwdLoad {
             ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
             copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
-            siblings.for_each(c, [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
+            // Not unrolled (for_each_step<true>): one thread issuing TMA gains nothing from it, and unrolling made the
+            // 24-register warps (hdim 64) spill inside this loop.
+            siblings.template for_each_step<true>(c, steps, [&](int h, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 Tensor gQ = local_tile(mQ(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
                 Tensor gdO = local_tile(mdO(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
                 auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
@@ -65,22 +67,17 @@ struct BwdLoad {
                 int64_t const row_base = int64_t(c.b * siblings.query_heads(sched) + h) * sched.num_m * kBlockM;
                 float const* lse_tile = params.lse_log2 + row_base;
                 float const* dpsum_tile = params.dpsum + row_base;
-                // Not unrolled: one thread issuing TMA gains nothing from it, and unrolling made the
-                // 24-register warps (hdim 64) spill inside this loop.
-                #pragma unroll 1
-                for (int step = 0; step < steps; ++step) {
-                    int const m = Policy::m_block(sched, c, st, step);
-                    int const s = pipe_write.index();
-                    pipeline_q.producer_acquire(pipe_write);
-                    uint64_t* bq = pipeline_q.producer_get_barrier(pipe_write);
-                    copy(params.tma_q.with(*bq, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, s));
-                    bulk_load_g2s(&ss.smem_lse[s * kBlockM], lse_tile + m * kBlockM, kBlockM * sizeof(float), bq);
-                    pipeline_do.producer_acquire(pipe_write);
-                    uint64_t* bdo = pipeline_do.producer_get_barrier(pipe_write);
-                    copy(params.tma_do.with(*bdo, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, s));
-                    bulk_load_g2s(&ss.smem_dpsum[s * kBlockM], dpsum_tile + m * kBlockM, kBlockM * sizeof(float), bdo);
-                    ++pipe_write;
-                }
+                int const m = Policy::m_block(sched, c, st, step);
+                int const s = pipe_write.index();
+                pipeline_q.producer_acquire(pipe_write);
+                uint64_t* bq = pipeline_q.producer_get_barrier(pipe_write);
+                copy(params.tma_q.with(*bq, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, s));
+                bulk_load_g2s(&ss.smem_lse[s * kBlockM], lse_tile + m * kBlockM, kBlockM * sizeof(float), bq);
+                pipeline_do.producer_acquire(pipe_write);
+                uint64_t* bdo = pipeline_do.producer_get_barrier(pipe_write);
+                copy(params.tma_do.with(*bdo, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, s));
+                bulk_load_g2s(&ss.smem_dpsum[s * kBlockM], dpsum_tile + m * kBlockM, kBlockM * sizeof(float), bdo);
+                ++pipe_write;
             });
             // Wait until the MMA warpgroups are done with this tile's K/V before moving on: the next
             // tile's K/V load needs the buffer, and on the dynamic grid the CTA must not claim its next

@@ -92,86 +92,84 @@ struct BwdMainloop {
             int const n_base = c.n * kBlockN;
             if (steps > 0) {
                 ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);
-                SiblingWalk<GqaFold>{params.group}.for_each(c, [&](int) CUTLASS_LAMBDA_FUNC_INLINE {
-                    for (int step = 0; step < steps; ++step) {
-                        int const m = Policy::m_block(sched, c, st, step);
-                        int const m_base = m * kBlockM;
-                        int const s = pipe_read.index();
-                        Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
-                        Tensor tdPacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
-                        pipeline_q.consumer_wait(pipe_read);
-                        wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
-                        pipeline_do.consumer_wait(pipe_read);
-                        wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
-                        warpgroup_wait<1>();
-                        float const* slse = &ss.smem_lse[s * kBlockM];
-                        bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
-                        if (need_mask && Is_local) {
-                            // Each bound is one compare of an element's compile-time offset from the thread's first
-                            // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
-                            int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
-                            int const above = m_base - n_base + off + sched.window_right - (r0 - c0);  // dr - dc > above
-                            int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
-                            int const keys = sched.seqlen_k - n_base - r0, queries = sched.seqlen_q - m_base - c0;
-                            CUTLASS_PRAGMA_UNROLL
-                            for (int i = 0; i < size(tSacc); ++i) {
-                                int const dr = get<0>(tScS(i)) - r0, dc = get<1>(tScS(i)) - c0;
-                                bool const masked = dr >= keys || dc >= queries || dr - dc > above || dr - dc < below;
-                                tSacc(i) = masked ? -INFINITY : tSacc(i);
-                            }
-                        } else if (need_mask) {
-                            CUTLASS_PRAGMA_UNROLL
-                            for (int i = 0; i < size(tSacc); ++i) {
-                                int const row = n_base + get<0>(tScS(i));  // key
-                                int const col = m_base + get<1>(tScS(i));  // query
-                                bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q ||
-                                                    (Is_causal && row > col + off);
-                                tSacc(i) = masked ? -INFINITY : tSacc(i);
-                            }
-                        }
-                        float const scale_log2 = params.scale_log2;
+                SiblingWalk<GqaFold>{params.group}.template for_each_step<false>(c, steps, [&](int, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                    int const m = Policy::m_block(sched, c, st, step);
+                    int const m_base = m * kBlockM;
+                    int const s = pipe_read.index();
+                    Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
+                    Tensor tdPacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
+                    pipeline_q.consumer_wait(pipe_read);
+                    wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
+                    pipeline_do.consumer_wait(pipe_read);
+                    wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
+                    warpgroup_wait<1>();
+                    float const* slse = &ss.smem_lse[s * kBlockM];
+                    bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
+                    if (need_mask && Is_local) {
+                        // Each bound is one compare of an element's compile-time offset from the thread's first
+                        // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
+                        int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
+                        int const above = m_base - n_base + off + sched.window_right - (r0 - c0);  // dr - dc > above
+                        int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
+                        int const keys = sched.seqlen_k - n_base - r0, queries = sched.seqlen_q - m_base - c0;
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
-                            tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                            int const dr = get<0>(tScS(i)) - r0, dc = get<1>(tScS(i)) - c0;
+                            bool const masked = dr >= keys || dc >= queries || dr - dc > above || dr - dc < below;
+                            tSacc(i) = masked ? -INFINITY : tSacc(i);
                         }
-                        warpgroup_wait<0>();
-                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                    } else if (need_mask) {
                         CUTLASS_PRAGMA_UNROLL
-                        for (int i = 0; i < size(tdPacc); ++i) {
-                            tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                        for (int i = 0; i < size(tSacc); ++i) {
+                            int const row = n_base + get<0>(tScS(i));  // key
+                            int const col = m_base + get<1>(tScS(i));  // query
+                            bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q ||
+                                                (Is_causal && row > col + off);
+                            tSacc(i) = masked ? -INFINITY : tSacc(i);
                         }
-                        Tensor rP = make_tensor_like<Element>(tSacc);
-                        Tensor rdS = make_tensor_like<Element>(tdPacc);
-                        convert_fragment(tSacc, rP);
-                        convert_fragment(tdPacc, rdS);
-                        // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
-                        copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
-                        cutlass::arch::fence_view_async_shared();
-                        cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
-
-                        Tensor tdVrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
-                        Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_to_a_operand(rdS.layout()));
-                        wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
-                        Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
-                        wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
-                        wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
-                        warpgroup_wait<1>();  // dV and dQ retired
-                        pipeline_do.consumer_release(pipe_read);
-                        // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
-                        float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
-                        Handoff::mma_acquire(wg);
-                        CUTLASS_PRAGMA_UNROLL
-                        for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
-                            float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
-                            *reinterpret_cast<float4*>(&sdq[Handoff::float4_offset(j, t_in_wg)]) = v;
-                        }
-                        cutlass::arch::fence_view_async_shared();
-                        Handoff::mma_commit(wg);
-                        warpgroup_wait<0>();
-                        pipeline_q.consumer_release(pipe_read);
-                        ++pipe_read;
-                        ds_stage ^= 1;
                     }
+                    float const scale_log2 = params.scale_log2;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int i = 0; i < size(tSacc); ++i) {
+                        tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                    }
+                    warpgroup_wait<0>();
+                    float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int i = 0; i < size(tdPacc); ++i) {
+                        tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                    }
+                    Tensor rP = make_tensor_like<Element>(tSacc);
+                    Tensor rdS = make_tensor_like<Element>(tdPacc);
+                    convert_fragment(tSacc, rP);
+                    convert_fragment(tdPacc, rdS);
+                    // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
+                    copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
+                    cutlass::arch::fence_view_async_shared();
+                    cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
+
+                    Tensor tdVrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
+                    Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_to_a_operand(rdS.layout()));
+                    wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
+                    Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
+                    wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
+                    wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                    warpgroup_wait<1>();  // dV and dQ retired
+                    pipeline_do.consumer_release(pipe_read);
+                    // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
+                    float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
+                    Handoff::mma_acquire(wg);
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
+                        float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
+                        *reinterpret_cast<float4*>(&sdq[Handoff::float4_offset(j, t_in_wg)]) = v;
+                    }
+                    cutlass::arch::fence_view_async_shared();
+                    Handoff::mma_commit(wg);
+                    warpgroup_wait<0>();
+                    pipeline_q.consumer_release(pipe_read);
+                    ++pipe_read;
+                    ds_stage ^= 1;
                 });
                 // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
                 ClusterBar::arrive(&ss.barrier_kv_empty);

@@ -21,16 +21,35 @@ struct SiblingWalk {
     // The K/V head of tile c.
     FLASH_DASH_HD int kv_head(TileCtx const& c) const { return kFold ? c.h : c.h / group; }
 
-    // Calls body(h) for each query head of tile c in walk order; every role puts its step loop in `body`.
-    template <class Body>
-    FLASH_DASH_HD void for_each(TileCtx const& c, Body&& body) const {
+    // Calls body(h, step) for every step of tile c (`steps` from the policy) and every sibling head h in walk order,
+    // in one flat loop (a loop over the siblings around the step loop made ptxas spill, 12 -> 68 B in the MMA
+    // warpgroups at hdim 64). kRolled: keep the loop rolled (#pragma unroll 1; the producer and dQ-store warps, whose
+    // 24 registers spill when it unrolls); otherwise the compiler's choice (the MMA warpgroups, which ignore h).
+    template <bool kRolled, class Body>
+    FLASH_DASH_HD void for_each_step(TileCtx const& c, int steps, Body&& body) const {
         if constexpr (kFold) {
+            int h = c.h * group, step = 0;
+            if constexpr (kRolled) {
+#if defined(__CUDA_ARCH__)
+                #pragma unroll 1
+#endif
+                for (int left = group * steps; left > 0; --left) {
+                    body(h, step);
+                    if (++step == steps) { step = 0; ++h; }
+                }
+            } else {
+                for (int left = group * steps; left > 0; --left) {
+                    body(h, step);
+                    if (++step == steps) { step = 0; ++h; }
+                }
+            }
+        } else if constexpr (kRolled) {
 #if defined(__CUDA_ARCH__)
             #pragma unroll 1
 #endif
-            for (int sib = 0; sib < group; ++sib) { body(c.h * group + sib); }
+            for (int step = 0; step < steps; ++step) { body(c.h, step); }
         } else {
-            body(c.h);
+            for (int step = 0; step < steps; ++step) { body(c.h, step); }
         }
     }
 };
