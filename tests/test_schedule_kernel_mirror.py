@@ -44,12 +44,24 @@ static void tile_steps(SchedShape const& s, int group, int cta, int t) {
     TileCtx const c = Policy::make_ctx(s, t);
     auto const st = Policy::init(s, c);
     int const steps = Policy::num_steps(s, c, st);
-    SiblingWalk<kFold>{group}.template for_each_step<true>(c, steps, [&](int h, int step) {
+    SiblingWalk<kFold> const siblings{group};
+    std::vector<int> walked;
+    siblings.for_each_step(c, steps, [](int h) { return h; }, [&](int h, int step) {
         int const m = Policy::m_block(s, c, st, step);
         int const rank = Policy::rank(s, c, st, m);
         long long const row[6] = {cta, c.b, h, c.n, m, rank};
         out.insert(out.end(), row, row + 6);
+        walked.push_back(step);
     });
+    // The MMA warpgroups' view of the same sequence (SiblingWalk::Cursor) must step alike.
+    typename SiblingWalk<kFold>::Cursor cursor{};
+    int const count = siblings.num_steps(steps);
+    bool same = count == int(walked.size());
+    for (int k = 0; same && k < count; ++k) {
+        same = cursor.step(k) == walked[k];
+        cursor.advance(steps);
+    }
+    if (!same) { std::fprintf(stderr, "cursor differs from for_each_step\n"); std::exit(3); }
 }
 
 template <class Policy, bool kFold>

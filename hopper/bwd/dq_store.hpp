@@ -35,9 +35,12 @@ struct BwdDqStore {
             TileCtx const c = Policy::make_ctx(sched, t);
             auto const st = Policy::init(sched, c);
             int const steps = Policy::num_steps(sched, c, st);
-            // Not unrolled (for_each_step<true>): see the producer loop (load.hpp).
-            siblings.template for_each_step<true>(c, steps, [&](int h, int step) CUTLASS_LAMBDA_FUNC_INLINE {
-                int64_t const bh = int64_t(c.b) * siblings.query_heads(sched) + h;
+            auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
+                return cute::make_tuple(h, int64_t(c.b) * siblings.query_heads(sched) + h);
+            };
+            // Not unrolled (for_each_step): see the producer loop (load.hpp).
+            siblings.for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                auto const& [h, bh] = hb;
                 int const m = Policy::m_block(sched, c, st, step);
                 float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
                 int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h;

@@ -57,16 +57,19 @@ struct BwdLoad {
             ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
             copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
-            // Not unrolled (for_each_step<true>): one thread issuing TMA gains nothing from it, and unrolling made the
-            // 24-register warps (hdim 64) spill inside this loop.
-            siblings.template for_each_step<true>(c, steps, [&](int h, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+            auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
                 Tensor gQ = local_tile(mQ(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
                 Tensor gdO = local_tile(mdO(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
-                auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-                auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+                auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+                auto dO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
                 int64_t const row_base = int64_t(c.b * siblings.query_heads(sched) + h) * sched.num_m * kBlockM;
-                float const* lse_tile = params.lse_log2 + row_base;
-                float const* dpsum_tile = params.dpsum + row_base;
+                return cute::make_tuple(get<0>(q), get<1>(q), get<0>(dO), get<1>(dO), params.lse_log2 + row_base,
+                                        params.dpsum + row_base);
+            };
+            // Not unrolled (for_each_step): one thread issuing TMA gains nothing from it, and unrolling made the
+            // 24-register warps (hdim 64) spill inside this loop.
+            siblings.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                auto const& [tQgQ, tQsQ, tdOgdO, tdOsdO, lse_tile, dpsum_tile] = ht;
                 int const m = Policy::m_block(sched, c, st, step);
                 int const s = pipe_write.index();
                 pipeline_q.producer_acquire(pipe_write);

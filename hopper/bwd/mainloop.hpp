@@ -92,7 +92,11 @@ struct BwdMainloop {
             int const n_base = c.n * kBlockN;
             if (steps > 0) {
                 ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);
-                SiblingWalk<GqaFold>{params.group}.template for_each_step<false>(c, steps, [&](int, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                // The tile's steps over all its siblings (SiblingWalk; the operands arrive in shared memory, so the MMA
+                // needs no head). A plain loop: the step loop inside the walk's lambda made ptxas spill at hdim 128.
+                typename SiblingWalk<GqaFold>::Cursor cursor{};
+                for (int k = 0; k < SiblingWalk<GqaFold>{params.group}.num_steps(steps); ++k) {
+                    int const step = cursor.step(k);
                     int const m = Policy::m_block(sched, c, st, step);
                     int const m_base = m * kBlockM;
                     int const s = pipe_read.index();
@@ -170,7 +174,8 @@ struct BwdMainloop {
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;
                     ds_stage ^= 1;
-                });
+                    cursor.advance(steps);
+                }
                 // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
                 ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;

@@ -21,37 +21,43 @@ struct SiblingWalk {
     // The K/V head of tile c.
     FLASH_DASH_HD int kv_head(TileCtx const& c) const { return kFold ? c.h : c.h / group; }
 
-    // Calls body(h, step) for every step of tile c (`steps` from the policy) and every sibling head h in walk order,
-    // in one flat loop (a loop over the siblings around the step loop made ptxas spill, 12 -> 68 B in the MMA
-    // warpgroups at hdim 64). kRolled: keep the loop rolled (#pragma unroll 1; the producer and dQ-store warps, whose
-    // 24 registers spill when it unrolls); otherwise the compiler's choice (the MMA warpgroups, which ignore h).
-    template <bool kRolled, class Body>
-    FLASH_DASH_HD void for_each_step(TileCtx const& c, int steps, Body&& body) const {
+    // Calls body(head(h), step) for every step of tile c (`steps` from the policy) and every sibling head h in walk
+    // order; head(h) builds what a role needs per query head (its tensors and pointers). Folded: one flat loop that
+    // rebuilds it per step (a loop over the siblings around the step loop made ptxas spill: 12 -> 32 B in the
+    // producer at hdim 64). Unfolded: head(c.h) once, then the step loop, as before. Not unrolled: the producer and
+    // dQ-store warps that walk it spill their 24 registers (hdim 64) when it unrolls.
+    template <class Head, class Body>
+    FLASH_DASH_HD void for_each_step(TileCtx const& c, int steps, Head&& head, Body&& body) const {
         if constexpr (kFold) {
             int h = c.h * group, step = 0;
-            if constexpr (kRolled) {
-#if defined(__CUDA_ARCH__)
-                #pragma unroll 1
-#endif
-                for (int left = group * steps; left > 0; --left) {
-                    body(h, step);
-                    if (++step == steps) { step = 0; ++h; }
-                }
-            } else {
-                for (int left = group * steps; left > 0; --left) {
-                    body(h, step);
-                    if (++step == steps) { step = 0; ++h; }
-                }
-            }
-        } else if constexpr (kRolled) {
 #if defined(__CUDA_ARCH__)
             #pragma unroll 1
 #endif
-            for (int step = 0; step < steps; ++step) { body(c.h, step); }
+            for (int left = group * steps; left > 0; --left) {
+                body(head(h), step);
+                if (++step == steps) { step = 0; ++h; }
+            }
         } else {
-            for (int step = 0; step < steps; ++step) { body(c.h, step); }
+            auto const per_head = head(c.h);
+#if defined(__CUDA_ARCH__)
+            #pragma unroll 1
+#endif
+            for (int step = 0; step < steps; ++step) { body(per_head, step); }
         }
     }
+
+    // The same sequence for a role that needs no head (the MMA warpgroups), as a plain loop k = 0 .. num_steps(steps)
+    // - 1 whose step is cursor.step(k), advanced at the end of each iteration: k itself unfolded, k mod steps folded
+    // (the step loop inside for_each_step's lambda made ptxas spill in the MMA warpgroups at hdim 128; a loop over
+    // the siblings around it, 12 -> 68 B at hdim 64).
+    FLASH_DASH_HD int num_steps(int steps) const { return kFold ? group * steps : steps; }
+    struct Cursor {
+        int wrap = 0;
+        FLASH_DASH_HD int step(int k) const { return kFold ? wrap : k; }
+        FLASH_DASH_HD void advance(int steps) {
+            if constexpr (kFold) { wrap = wrap + 1 == steps ? 0 : wrap + 1; }
+        }
+    };
 };
 
 // The shape a folded kernel's policies walk: one head of the grid per K/V head (and slot_head the identity).
