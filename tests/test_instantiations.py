@@ -95,3 +95,21 @@ def test_a_new_head_dim_is_one_table_entry(monkeypatch):
     assert not any("hdim96" in src for src in build_config.kernel_sources())
     monkeypatch.setenv("FLASH_DASH_HDIMS", "96")
     assert build_config.kernel_sources() == hdim96_sources
+
+
+def test_gqa_fold_is_a_build_knob(monkeypatch):
+    """The folded backward kernels compile only where the build defines variants.GQA_FOLD_KNOB: every backward
+    translation unit carries the guard, default builds (gate closed, knob unset) pass no define."""
+    for v in variants.variants():
+        if v.pass_ == "bwd":
+            text = generate.bwd_unit(v)
+            assert f"#ifdef {variants.GQA_FOLD_KNOB}" in text and f"kGqaFold_{v.name}>" in text
+    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", False)
+    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)
+    assert build_config.gqa_fold_defines() == []
+    assert not any(f.startswith(f"-D{variants.GQA_FOLD_KNOB}") for f in build_config.nvcc_flags())
+    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", True)
+    assert build_config.gqa_fold_defines() == [f"-D{variants.GQA_FOLD_KNOB}"]
+    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)
+    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
+    assert build_config.gqa_fold_defines() == [f"-D{variants.GQA_FOLD_KNOB}"]

@@ -75,6 +75,11 @@ Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone v
       tiles ``n' >= N - F`` that reach row m).
 
     Every CTA does ``2M - (N-1)s`` steps per chunk (``M + s`` when ``M = N s``).
+
+GQA sibling fold (:func:`fold_siblings`, ``build_orders(..., fold=True)``)
+    Every order above on a grid of ``B * Hk`` heads (the K/V heads), each tile ``(b, hk, n)`` walking its steps once
+    per query head sharing ``hk`` (``h = hk * G + s``, ``s = 0 .. G-1``) with the Q tiles and ranks of the unfolded
+    walk; dK/dV stay in the tile (no dK/dV order).  Deadlock freedom: ``hopper/schedule/policies.hpp``.
 """
 
 from __future__ import annotations

@@ -213,9 +213,10 @@ class Plan:
                 f"n={int(self.step_n[step])}, m={int(self.step_m[step])}, rank={int(self.step_rank[step])})")
 
     def __repr__(self) -> str:
+        fold = f", folded over Hk={self.heads_kv}" if self.fold > 1 else ""
         return (f"Plan({self.schedule!r} -> {self.schedule_used!r}, {self.grid.describe()}, "
                 f"sq={self.grid.seqlen_q}, sk={self.grid.seqlen_k}, tiles={self.grid.block_m}x{self.grid.block_n}, "
-                f"B={self.batch}, H={self.heads}, G={self.num_ctas}, steps={self.num_steps})")
+                f"B={self.batch}, H={self.heads}{fold}, G={self.num_ctas}, steps={self.num_steps})")
 
 
 def _count(value) -> bool:

@@ -71,7 +71,10 @@ void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
         using Policy = typename decltype(tag)::type;
         if constexpr (FoldBuilt) {
-            if (gqa_fold) { return launch_main<Traits, Is_causal, Is_local, Deterministic, Policy, true>(kp, grid, stream); }
+            if (gqa_fold) {
+                launch_main<Traits, Is_causal, Is_local, Deterministic, Policy, true>(kp, grid, stream);
+                return;
+            }
         }
         launch_main<Traits, Is_causal, Is_local, Deterministic, Policy, false>(kp, grid, stream);
     });
@@ -93,7 +96,8 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
 template <class Traits, bool FoldBuilt>
 char const* launch_error(BwdParams const& p, SchedShape const& s) {
     if (p.gqa_fold && !FoldBuilt) {
-        return "flash_dash bwd: gqa_fold=true but this build has no GQA-folded kernels (build with FLASH_DASH_GQA_FOLD=1)";
+        return "flash_dash bwd: gqa_fold=true but this build has no GQA-folded kernels "
+               "(build with FLASH_DASH_GQA_FOLD=1)";
     }
     if (p.gqa_fold && p.num_heads == p.num_heads_k) {
         return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
