@@ -135,7 +135,8 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
              int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
-             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap) {
+             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap,
+             bool gqa_fold) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
@@ -166,6 +167,7 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     p.schedule = static_cast<Schedule>(schedule);
     p.grid = static_cast<int>(grid);
     p.claim_group = static_cast<int>(claim_group);
+    p.gqa_fold = gqa_fold;  // the launcher checks it against the build and the heads
     p.order_trace = static_cast<int*>(debug_buffer(order_trace, at::kInt, 0, q,
         "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)"));
     p.timeline = static_cast<long long*>(debug_buffer(timeline, at::kLong, 5, q,

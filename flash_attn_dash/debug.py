@@ -51,7 +51,8 @@ def check_backward_launch(causal: bool, batch: int, seqlen_q: int, seqlen_k: int
 
     block_m, block_n = bwd_tile_shape(head_dim, causal)
     plan = build_plan(model_mask(causal, window), seqlen_q, seqlen_k, block_m, block_n, batch, heads, num_sms,
-                      launch.schedule, heads_kv=heads_kv, claim_heads=launch.claim_group, window=window)
+                      launch.schedule, heads_kv=heads_kv, claim_heads=launch.claim_group, window=window,
+                      fold=launch.gqa_fold)
     if (plan.schedule_used, plan.num_ctas) != (launch.schedule, launch.grid):
         raise ScheduleError(f"launch {launch} disagrees with the model's plan ({plan.schedule_used} on {plan.num_ctas} "
                             "CTAs)")

@@ -29,7 +29,8 @@ class BwdLaunch:
     ``schedule``: the order that runs (a kernel policy); ``requested``: what the caller asked for (``"auto"`` resolved
     by the rule, or the walk of a non-deterministic backward); ``fallback``: why the requested order could not run
     this shape (``None`` if it runs); ``grid``: persistent CTAs; ``claim_group``: heads per claim group on the
-    dynamic grid (1 elsewhere).
+    dynamic grid (1 elsewhere); ``gqa_fold``: the GQA sibling fold runs (one tile per K/V head walks every query
+    head sharing it; the grid's heads are then the K/V heads, :func:`gqa_fold`).
     """
 
     schedule: str
@@ -37,6 +38,7 @@ class BwdLaunch:
     fallback: str | None
     grid: int
     claim_group: int
+    gqa_fold: bool = False
 
     @property
     def schedule_id(self) -> int:
@@ -72,9 +74,32 @@ def model_mask(causal: bool, window: tuple[int, int]) -> str:
     return "causal" if window[1] == 0 else "full"
 
 
-@lru_cache(maxsize=4096)
+def gqa_fold(heads: int, heads_k: int, enabled: bool) -> bool:
+    """The GQA sibling fold's rule: it runs whenever query heads share K/V heads (``heads != heads_k``) and the fold is
+    ``enabled`` (``variants.gqa_fold_enabled()``: validated, or built and run with ``FLASH_DASH_GQA_FOLD=1``)."""
+    return enabled and heads != heads_k
+
+
 def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-               deterministic: bool, schedule: str = "auto", window: tuple[int, int] = NO_WINDOW) -> BwdLaunch:
+               deterministic: bool, schedule: str = "auto", window: tuple[int, int] = NO_WINDOW,
+               heads_k: int | None = None) -> BwdLaunch:
+    """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs (:func:`_bwd_launch`, cached;
+    ``heads_k`` K/V heads, default ``heads``; whether the GQA sibling fold is enabled is read here)."""
+    return _bwd_launch(*_launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic,
+                                    schedule, window, heads_k))
+
+
+def _launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule="auto",
+                window=NO_WINDOW, heads_k=None) -> tuple:
+    """:func:`_bwd_launch`'s arguments for a :func:`bwd_launch` call: defaults filled in, the fold's gate read."""
+    return (causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule, tuple(window),
+            heads if heads_k is None else heads_k, variants.gqa_fold_enabled())
+
+
+@lru_cache(maxsize=4096)
+def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
+                deterministic: bool, schedule: str, window: tuple[int, int], heads_k: int,
+                fold_enabled: bool) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs.
 
     Deterministic: ``schedule`` (``"auto"``: :func:`auto_schedule`) unless its assumptions fail for the shape, then
@@ -83,8 +108,14 @@ def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch:
     On a sliding window (the causal kernels with a window other than the causal mask's) ``auto`` is
     :data:`BAND_SCHEDULE` and non-deterministic backwards walk descending (or symmetric_shift on a causal window that
     removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
-    Raises ValueError for a schedule not defined for the mask or a head dim without a backward kernel.
+    GQA (``heads != heads_k``) with the fold enabled runs the fold (:func:`gqa_fold`): the orders then walk a grid of
+    ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without a
+    backward kernel, or ``heads_k`` not dividing ``heads``.
     """
+    if not (isinstance(heads_k, int) and heads_k >= 1 and heads % heads_k == 0):
+        raise ValueError(f"heads_k must be a positive divisor of heads={heads}, got {heads_k!r}")
+    fold = gqa_fold(heads, heads_k, fold_enabled)
+    grid_heads = batch * (heads_k if fold else heads)
     mask = model_mask(causal, window)
     windowed = window not in (NO_WINDOW, CAUSAL_WINDOW)
     if windowed:
@@ -115,10 +146,16 @@ def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch:
     else:  # the last candidate falls back to its table fallback
         used = variants.schedule(candidates[-1]).fallback
     fallback = None if used == wanted else fallback_reason(wanted, grid)
-    ctas = num_ctas(used, grid, batch * heads, num_sms)
+    ctas = num_ctas(used, grid, grid_heads, num_sms)
     dynamic = variants.schedule(used).grid == "dynamic"
-    group = claim_group(grid.num_m, batch * heads, ctas) if (dynamic and deterministic) else 1
-    return BwdLaunch(used, wanted, fallback, ctas, group)
+    group = claim_group(grid.num_m, grid_heads, ctas) if (dynamic and deterministic) else 1
+    return BwdLaunch(used, wanted, fallback, ctas, group, fold)
+
+
+# The cache's controls and the uncached decision (benchmarks/bench_host.py times both), as on an lru_cache.
+bwd_launch.cache_clear = _bwd_launch.cache_clear  # type: ignore[attr-defined]
+bwd_launch.cache_info = _bwd_launch.cache_info  # type: ignore[attr-defined]
+bwd_launch.__wrapped__ = lambda *args, **kwargs: _bwd_launch.__wrapped__(*_launch_key(*args, **kwargs))  # type: ignore
 
 
 # Varlen: the sequences of a pack share one persistent grid, so a deterministic varlen backward is reproducible in a
@@ -140,9 +177,10 @@ def varlen_request(deterministic: bool, schedule: str) -> str:
 
 
 def sequence_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, heads: int, num_sms: int,
-                    deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW) -> BwdLaunch:
+                    deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW,
+                    heads_k: int | None = None) -> BwdLaunch:
     """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``; ``causal``, ``window``:
     the kernels' for that sequence) as a batch-1 dense call: what the interim CUDA path runs, and the order the varlen
     kernels must give it."""
     return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic,
-                      varlen_request(deterministic, schedule), window)
+                      varlen_request(deterministic, schedule), window, heads_k)

@@ -31,7 +31,7 @@ torch.library.define(
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
     "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None, int window_left=-1, "
-    "int window_right=-1, float softcap=0.0) -> ()",
+    "int window_right=-1, float softcap=0.0, bool gqa_fold=False) -> ()",
 )
 
 
@@ -40,7 +40,7 @@ def launch_for(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bo
     """The resolved backward launch of this call (``causal``, ``window``: the kernels', :func:`.features.kernel_window`);
     in debug mode also prove its order for the grid it launches on (:mod:`flash_attn_dash.debug`)."""
     b, sq, h, d = q.shape
-    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule, tuple(window))
+    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule, tuple(window), k.shape[2])
     if debug.debug_enabled():
         debug.check_backward_launch(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, launch, tuple(window))
     return launch
@@ -68,7 +68,7 @@ def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window)
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
-                                      timeline, *window, softcap)
+                                      timeline, *window, softcap, launch.gqa_fold)
     return launch
 
 

@@ -14,6 +14,7 @@ Pure Python (no torch): setup.py and the generator import it before torch exists
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 MASKS = ("full", "causal")
@@ -141,6 +142,23 @@ SCHEDULE_NAMES: tuple[str, ...] = tuple(s.name for s in SCHEDULES)
 # exactly these (hopper/generated/features.h) and the API refuses the others (features.kernel_refusal).
 SOFTCAP_WITH: tuple[str, ...] = ()
 SOFTCAP_COMBINABLE = ("window", "sink")
+
+# GQA sibling fold of the backward (hopper/schedule/sibling_walk.hpp): one tile per (batch, K/V head, K/V tile) runs
+# every query head sharing the K/V head, dK/dV in registers and stored once (no fp32 accumulators, atomics, counters
+# or postprocess). Every backward translation unit instantiates it next to the plain kernels when compiled with
+# -D<GQA_FOLD_KNOB> (build_config.py passes it when the fold is enabled); flash_attn_dash.launch runs it for every
+# call with heads != heads_k while it is enabled.
+GQA_FOLD_KNOB = "FLASH_DASH_GQA_FOLD"
+GQA_FOLD_VALIDATED = False
+"""Whether the folded kernels passed their GPU tests (tests/test_gqa_fold_gpu.py); until then only builds and runs
+with ``FLASH_DASH_GQA_FOLD=1`` compile and use them, and default builds compile exactly the plain kernels."""
+_GQA_FOLD_KNOB_SET = os.environ.get(GQA_FOLD_KNOB, "").strip() == "1"  # read once: the decision is cached per shape
+
+
+def gqa_fold_enabled() -> bool:
+    """Whether builds compile the GQA-folded backward kernels and GQA backwards run them: once validated, or with the
+    environment knob ``FLASH_DASH_GQA_FOLD=1`` (read at import)."""
+    return GQA_FOLD_VALIDATED or _GQA_FOLD_KNOB_SET
 
 
 def _check_mask(mask: str) -> None:

@@ -1,6 +1,7 @@
 """One small backward per (head dim, mask, mode, schedule), for compute-sanitizer (not collected by pytest):
     compute-sanitizer --tool racecheck python tests/sanitize_bwd.py
     compute-sanitizer --tool synccheck python tests/sanitize_bwd.py
+With FLASH_DASH_GQA_FOLD=1 (a build with the folded kernels) the GQA cases run the GQA-folded kernels.
 """
 import torch
 
@@ -34,11 +35,11 @@ def main():
                     o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal and window == (-1, -1),
                                            window_size=window, softcap=softcap)
                 dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-                bwd_into(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv, d ** -0.5, causal, det,
-                         sched, window=window, softcap=softcap)
+                launch = bwd_into(do, q, k, v, o.to(q.dtype), lse.float().contiguous(), dq, dk, dv, d ** -0.5,
+                                  causal, det, sched, window=window, softcap=softcap)
                 torch.cuda.synchronize()
                 print(f"ok d={d} sq={sq} sk={sk} causal={causal} window={window} softcap={softcap} det={det} "
-                      f"schedule={sched}")
+                      f"schedule={sched} gqa_fold={launch.gqa_fold}")
 
 
 if __name__ == "__main__":

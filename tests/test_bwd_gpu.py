@@ -307,9 +307,13 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
     trace = _trace_buffer(b, h, sq, sk, d)
     _bwd(dout, q, k, v, out, lse, causal, True, schedule, sm_margin=margin, trace=trace)
     _wait()
+    from flash_attn_dash.launch import bwd_launch
+
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
-    plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk)
+    fold = bwd_launch(causal, d, sq, sk, b, h, num_sms, True, schedule, (-1, -1), hk).gqa_fold  # what ran
+    plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk,
+                      fold=fold)
     plan.check()
     expect = plan.trace_array()
     got = trace.cpu().numpy().astype(np.int32)

@@ -6,7 +6,8 @@ grid size and claim group, which flash_attn_dash.launch decides for the kernels'
 launcher does (the policy's ``unsupported``, the generated ``mask_mismatch``).  Its CTA-major step list (cta, b, h, n,
 m, rank) must equal the model's ``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.
 On the dynamic grid (ascending, descending) the CTA of a tile depends on timing, so both sides list every tile's steps
-in claim order (CTA -1) instead. CPU only: needs g++ (or c++).
+in claim order (CTA -1) instead. GQA-folded cases walk the folded grid (``folded_grid``) and every tile's siblings
+through ``SiblingWalk`` (hopper/schedule/sibling_walk.hpp), as the kernel roles do. CPU only: needs g++ (or c++).
 """
 from __future__ import annotations
 
@@ -31,45 +32,60 @@ MIRROR_CPP = r"""
 #include <vector>
 #include "generated/schedule_ids.h"
 #include "schedule/policies.hpp"
+#include "schedule/sibling_walk.hpp"
 
 using namespace flash_dash;
 using namespace flash_dash::bwd;
 
 static std::vector<long long> out;
 
-template <class Policy>
-static void tile_steps(SchedShape const& s, int cta, int t) {
+template <class Policy, bool kFold>
+static void tile_steps(SchedShape const& s, int group, int cta, int t) {
     TileCtx const c = Policy::make_ctx(s, t);
     auto const st = Policy::init(s, c);
     int const steps = Policy::num_steps(s, c, st);
-    for (int step = 0; step < steps; ++step) {
+    SiblingWalk<kFold> const siblings{group};
+    std::vector<int> walked;
+    siblings.for_each_step(c, steps, [](int h) { return h; }, [&](int h, int step) {
         int const m = Policy::m_block(s, c, st, step);
         int const rank = Policy::rank(s, c, st, m);
-        long long const row[6] = {cta, c.b, c.h, c.n, m, rank};
+        long long const row[6] = {cta, c.b, h, c.n, m, rank};
         out.insert(out.end(), row, row + 6);
+        walked.push_back(step);
+    });
+    // The MMA warpgroups' view of the same sequence (SiblingWalk::Cursor) must step alike.
+    typename SiblingWalk<kFold>::Cursor cursor{};
+    int const count = siblings.num_steps(steps);
+    bool same = count == int(walked.size());
+    for (int k = 0; same && k < count; ++k) {
+        same = cursor.step(k) == walked[k];
+        cursor.advance(steps);
     }
+    if (!same) { std::fprintf(stderr, "cursor differs from for_each_step\n"); std::exit(3); }
 }
 
-template <class Policy>
-static void walk(SchedShape const& s) {
+template <class Policy, bool kFold>
+static void walk(SchedShape const& s, int group) {
     int const num_tiles = s.num_tiles();
     if constexpr (Policy::kDynamic) {  // every claim in claim order; the CTA is decided at run time
-        for (int t = 0; t < num_tiles; ++t) { tile_steps<Policy>(s, -1, t); }
+        for (int t = 0; t < num_tiles; ++t) { tile_steps<Policy, kFold>(s, group, -1, t); }
         return;
     } else {
         for (int cta = 0; cta < s.grid; ++cta) {
             for (int t = Policy::first_tile(s, cta); t < num_tiles; t = Policy::next_tile(s, t)) {
-                tile_steps<Policy>(s, cta, t);
+                tile_steps<Policy, kFold>(s, group, cta, t);
             }
         }
     }
 }
 
 template <class Policy>
-static void run(SchedShape const& s) {
+static void run(SchedShape const& s, bool fold) {
     if (char const* why = Policy::unsupported(s)) { std::printf("unsupported %s\n", why); return; }
     out.clear();
-    walk<Policy>(s);
+    int const group = s.heads / s.heads_k;
+    if (fold) { walk<Policy, true>(folded_grid(s), group); }
+    else { walk<Policy, false>(s, group); }
     std::printf("%zu\n", out.size() / 6);
     for (size_t i = 0; i < out.size(); ++i) std::printf("%lld%c", out[i], i + 1 == out.size() ? '\n' : ' ');
     if (out.empty()) std::printf("\n");
@@ -77,11 +93,12 @@ static void run(SchedShape const& s) {
 
 int main() {
     char mask[16];
-    int sq, sk, bm, bn, batch, heads, heads_k, grid, group, sched, left, right;
+    int sq, sk, bm, bn, batch, heads, heads_k, grid, group, sched, left, right, fold;
     // one case per line: mask sq sk block_m block_n batch heads heads_k grid claim_group schedule_id (the policy
     // that runs) window_left window_right (the kernels' window, -1 = unbounded; "causal" = the causal kernels)
-    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &heads_k,
-                      &grid, &group, &sched, &left, &right) == 13) {
+    // fold (1: the GQA-folded kernels; the launcher's SchedShape is then folded_grid's, as here)
+    while (std::scanf("%15s %d %d %d %d %d %d %d %d %d %d %d %d %d", mask, &sq, &sk, &bm, &bn, &batch, &heads, &heads_k,
+                      &grid, &group, &sched, &left, &right, &fold) == 14) {
         bool const causal = std::strcmp(mask, "causal") == 0;
         Schedule const policy = static_cast<Schedule>(sched);
         if (mask_mismatch(policy, causal) != nullptr) { std::printf("mismatch\n"); continue; }
@@ -92,17 +109,18 @@ int main() {
         s.causal = causal; s.grid = grid; s.claim_group = group;
         s.window_left = left < 0 ? kUnboundedWindow : left;
         s.window_right = right < 0 ? (left < 0 ? 0 : kUnboundedWindow) : right;
-        if (!tile_count_fits((long long)batch * heads * s.num_n, grid)) { std::printf("toobig\n"); continue; }
+        if (!tile_count_fits((long long)batch * (fold ? heads_k : heads) * s.num_n, grid)) { std::printf("toobig\n"); continue; }
+        bool const f = fold != 0;
         switch (policy) {
-            case Schedule::kAscending: run<Ascending>(s); break;
-            case Schedule::kDescending: run<Descending>(s); break;
-            case Schedule::kShift: run<Shift>(s); break;
+            case Schedule::kAscending: run<Ascending>(s, f); break;
+            case Schedule::kDescending: run<Descending>(s, f); break;
+            case Schedule::kShift: run<Shift>(s, f); break;
             case Schedule::kSymmetricShift:
                 switch (bn / bm) {
-                    case 1: run<SymmetricShift<1>>(s); break;
-                    case 2: run<SymmetricShift<2>>(s); break;
-                    case 3: run<SymmetricShift<3>>(s); break;
-                    case 4: run<SymmetricShift<4>>(s); break;
+                    case 1: run<SymmetricShift<1>>(s, f); break;
+                    case 2: run<SymmetricShift<2>>(s, f); break;
+                    case 3: run<SymmetricShift<3>>(s, f); break;
+                    case 4: run<SymmetricShift<4>>(s, f); break;
                     default: std::printf("unsupported pair step %d\n", bn / bm); break;
                 }
                 break;
@@ -123,17 +141,18 @@ def mirror_binary(tmp_path_factory):
     return build_host_program(tmp_path_factory, "mirror", MIRROR_CPP)
 
 
-def _plan(case, deterministic: bool = True, heads_kv: int | None = None):
+def _plan(case, deterministic: bool = True, heads_kv: int | None = None, fold: bool = False):
     mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, *window = case
     claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
     return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, heads_kv=heads_kv, claim_heads=claim_heads,
-                      window=tuple(window[0]) if window else (-1, -1))
+                      window=tuple(window[0]) if window else (-1, -1), fold=fold)
 
 
 def _group(plan, deterministic: bool) -> int:
     if plan.schedule_used not in DYNAMIC:
         return 1
-    return claim_group(plan.grid.num_m, plan.batch * plan.heads, plan.num_ctas) if deterministic \
+    grid_heads = plan.heads_kv if plan.fold > 1 else plan.heads
+    return claim_group(plan.grid.num_m, plan.batch * grid_heads, plan.num_ctas) if deterministic \
         else NONDETERMINISTIC_CLAIM_HEADS
 
 
@@ -155,18 +174,20 @@ def _run(exe: Path, lines: list[str]) -> list:
     return results
 
 
-def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1, -1), heads_k=None) -> str:
+def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1, -1), heads_k=None,
+          fold=False) -> str:
     """One case; ``mask`` and ``window`` are the model's, the kernels get the causal kernels for any window."""
     kernel_mask = "causal" if mask == "causal" or tuple(window) != (-1, -1) else "full"
     heads_k = heads if heads_k is None else heads_k
     return (f"{kernel_mask} {sq} {sk} {bm} {bn} {batch} {heads} {heads_k} {grid} {group} "
-            f"{variants.schedule(schedule).id} {window[0]} {window[1]}\n")
+            f"{variants.schedule(schedule).id} {window[0]} {window[1]} {int(fold)}\n")
 
 
-def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, heads_kv: int | None = None) -> None:
+def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, heads_kv: int | None = None,
+                 fold: bool = False) -> None:
     """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
-    plans = [_plan(c, deterministic, heads_kv) for c in cases]
-    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window, p.heads_kv)
+    plans = [_plan(c, deterministic, heads_kv, fold) for c in cases]
+    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window, p.heads_kv, fold)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(exe, lines)):
         assert not isinstance(body, str), (case, body)
@@ -386,3 +407,85 @@ def test_mirror_nondeterministic_walk(mirror_binary):
                     assert _group(plan, False) == launch.claim_group
                     cases.append((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule))
     _check_cases(mirror_binary, cases, deterministic=False)
+
+
+def _fold_cases(group: int) -> list[tuple]:
+    """Every schedule of both masks, windows and several grid sizes, 8 query heads in groups of ``group``."""
+    cases = []
+    for bm, bn in KERNEL_TILES:
+        for g in (1, 7, 78, 132):
+            for mask, sq, sk in (("full", 2048, 2048), ("full", 333, 777), ("causal", 2048, 2048),
+                                 ("causal", 1000, 1000), ("causal", 700, 1300)):
+                cases += [(mask, sq, sk, bm, bn, 2, 8, g, s) for s in variants.schedules_for(mask)]
+            for window in ((128, 0), (64, 64), (300, -1)):
+                for s in ("ascending", "descending", "symmetric_shift"):
+                    grid = TileGrid("full", 4096, 4096, bm, bn, window)
+                    if s == "symmetric_shift" and grid.mask != "causal":
+                        continue
+                    cases.append((grid.mask, 4096, 4096, bm, bn, 1, 8, g, s, window))
+    return cases
+
+
+@pytest.mark.parametrize("group", [1, 2, 4, 8])
+def test_mirror_gqa_fold(mirror_binary, group):
+    """GQA sibling fold: the kernel's folded grid (folded_grid + SiblingWalk, as every role walks it) steps exactly
+    like the model's folded plan (build_plan(..., fold=True)), every schedule, windows, several grids; each plan
+    passes Plan.check. Group 1 (no siblings): the fold's walk is the plain one."""
+    heads_kv = 8 // group
+    cases = _fold_cases(group)
+    plans = [_plan(c, heads_kv=heads_kv, fold=group > 1) for c in cases]
+    lines = [_line(*c[:7], p.num_ctas, _group(p, True), p.schedule_used, p.grid.window, heads_kv, fold=True)
+             for c, p in zip(cases, plans)]
+    for case, plan, body in zip(cases, plans, _run(mirror_binary, lines)):
+        assert not isinstance(body, str), (case, body)
+        expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
+        if plan.schedule_used in DYNAMIC:
+            expect = expect[np.argsort(plan.step_round, kind="stable")]
+            expect[:, 0] = -1
+        assert body.shape == expect.shape, (case, body.shape, expect.shape)
+        if not np.array_equal(body, expect):
+            bad = int(np.argmax((body != expect).any(axis=1)))
+            raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
+                                 f"model {expect[bad].tolist()}")
+    for plan in plans[::7]:
+        plan.check()
+
+
+@pytest.mark.parametrize("group", [2, 4, 8])
+def test_gqa_fold_ranks_are_the_kv_grids(group):
+    """Each sibling's dQ tiles get exactly the ranks of the plain plan over the K/V heads (ranks do not depend on the
+    head), the folded grid has B * Hk * N tiles, and no dK/dV waits are left (Plan.check passes)."""
+    for mask, schedule in (("full", "shift"), ("full", "ascending"), ("causal", "symmetric_shift"),
+                           ("causal", "descending")):
+        for g in (5, 132):
+            folded = build_plan(mask, 2048, 2048, 64, 128, 2, 8, g, schedule, heads_kv=8 // group, fold=True)
+            kv = build_plan(mask, 2048, 2048, 64, 128, 2, 8 // group, g, schedule)
+            folded.check()
+            assert folded.num_ctas == kv.num_ctas and folded.fold == group
+            assert sum(len(t) for t in folded.cta_tiles) == 2 * (8 // group) * folded.grid.num_n
+            trace, kv_trace = folded.trace_array(), kv.trace_array()
+            for s in range(group):
+                assert np.array_equal(trace[:, s::group][:, :], kv_trace), (mask, schedule, g, s)
+
+
+def test_gqa_fold_launch_decision(monkeypatch):
+    """flash_attn_dash.launch decides the fold in one place: GQA calls fold while it is enabled, MHA never; the grid
+    and claim group are those of the K/V heads' grid, as the model's folded plan has them."""
+    from flash_attn_dash.launch import bwd_launch
+    bwd_launch.cache_clear()
+    assert not bwd_launch(True, 64, 8192, 8192, 1, 64, 132, True, "auto", (128, 0), 8).gqa_fold  # gate closed
+    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
+    for causal, window in ((True, (128, 0)), (True, (-1, -1)), (False, (-1, -1))):
+        for det in (True, False):
+            launch = bwd_launch(causal, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 8)
+            assert launch.gqa_fold
+            mask = "causal" if causal else "full"
+            plan = build_plan(mask, 8192, 8192, 128, 128, 1, 64, 132, launch.schedule, heads_kv=8,
+                              claim_heads=launch.claim_group, window=window, fold=True)
+            assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
+            if launch.schedule in DYNAMIC and det:
+                assert launch.claim_group == _group(plan, True)
+            assert not bwd_launch(causal, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 64).gqa_fold
+    with pytest.raises(ValueError, match="heads_k"):
+        bwd_launch(True, 64, 1024, 1024, 1, 6, 132, True, "auto", (-1, -1), 4)
+    bwd_launch.cache_clear()

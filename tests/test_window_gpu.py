@@ -106,7 +106,7 @@ def test_window_trace_matches_model(sq, sk, b, h, hk, margin, causal, window, sc
     kc, kw = _kernel(causal, window, sq, sk)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     plan = build_plan(model_mask(kc, kw), sq, sk, *_blocks(d), b, h, num_sms, launch.schedule, heads_kv=hk,
-                      claim_heads=launch.claim_group, window=kw)
+                      claim_heads=launch.claim_group, window=kw, fold=launch.gqa_fold)
     plan.check()
     assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
     got = trace.cpu().numpy().astype(np.int32)

@@ -75,6 +75,11 @@ Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone v
       tiles ``n' >= N - F`` that reach row m).
 
     Every CTA does ``2M - (N-1)s`` steps per chunk (``M + s`` when ``M = N s``).
+
+GQA sibling fold (:func:`fold_siblings`, ``build_orders(..., fold=True)``)
+    Every order above on a grid of ``B * Hk`` heads (the K/V heads), each tile ``(b, hk, n)`` walking its steps once
+    per query head sharing ``hk`` (``h = hk * G + s``, ``s = 0 .. G-1``) with the Q tiles and ranks of the unfolded
+    walk; dK/dV stay in the tile (no dK/dV order).  Deadlock freedom: ``hopper/schedule/policies.hpp``.
 """
 
 from __future__ import annotations
@@ -122,6 +127,8 @@ class Orders:
     schedule_used: str
     description: str
     fallback: str | None = None  # why the requested schedule could not run, when schedule_used differs from it
+    fold: int = 1  # GQA sibling fold: query heads per tile (tile_h is then the K/V head, step_h each step's head)
+    step_h: np.ndarray | None = None  # (S,) query head of each step; None: the tile's head
 
 
 def waves(unit: np.ndarray, per_head, num_ctas: int,
@@ -426,14 +433,34 @@ def _symmetric(grid: TileGrid, batch: int, heads: int, num_sms: int, heads_kv: i
                   step_m, step_rank, "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s})")
 
 
+def fold_siblings(orders: Orders, group: int) -> Orders:
+    """The GQA sibling fold of ``orders``, the orders of a grid whose heads are the K/V heads: every tile (b, hk, n)
+    walks its steps once per sibling ``s = 0 .. group - 1`` (query head ``hk * group + s``) with the same Q tiles and
+    ranks (``hopper/schedule/sibling_walk.hpp``; the deadlock-freedom argument is in ``policies.hpp``)."""
+    lengths = orders.tile_len
+    starts = np.cumsum(lengths) - lengths
+    tile, j = expand(lengths * group)
+    sibling, i = np.divmod(j, np.maximum(lengths[tile], 1))
+    src = starts[tile] + i
+    return replace(orders, tile_len=lengths * group, step_m=orders.step_m[src], step_rank=orders.step_rank[src],
+                   step_h=orders.tile_h[tile] * group + sibling, fold=group,
+                   description=f"{orders.description}, GQA-folded ({group} query heads per tile)")
+
+
 def build_orders(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str,
                  costs: tuple[float, float] | None = None, claim_heads: int | None = None,
-                 heads_kv: int | None = None) -> Orders:
+                 heads_kv: int | None = None, fold: bool = False) -> Orders:
     """Orders of ``schedule`` on ``grid`` for ``batch`` x ``heads`` query heads (``heads_kv`` K/V heads, default
     ``heads``: it places the heads on the grid's slots, :func:`slot_heads`) and a persistent grid of ``num_sms``
     CTAs.  ``costs`` = ``(c, r)`` per step drive the dynamic grid's predicted claims (default: :mod:`.costs` for the
     tile shape; only their ratio matters); ``claim_heads`` overrides its claim group (default: the kernel's
-    :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`)."""
+    :func:`claim_group`; 1 = head-major claims, the setting of :mod:`.closed_forms`).  ``fold``: the GQA sibling fold
+    (:func:`fold_siblings`): the orders of a grid of ``heads_kv`` heads, each tile run for its query heads."""
+    if fold:
+        if heads_kv is None or heads_kv == heads:
+            raise ValueError(f"fold needs heads_kv < heads (GQA), got heads={heads}, heads_kv={heads_kv}")
+        return fold_siblings(build_orders(grid, batch, heads_kv, num_sms, schedule, costs, claim_heads, heads_kv),
+                             heads // heads_kv)
     if costs is None:
         costs = default_costs(64, grid.block_m, grid.block_n)
     check_applicable(schedule, grid.mask, grid.banded)

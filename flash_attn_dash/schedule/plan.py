@@ -22,7 +22,8 @@ class Plan:
     Tasks are ``(batch, head, n_block, m_block)``; each CTA walks its list in order.  Steps are stored flat, CTA-major:
     the steps of CTA ``g`` are ``cta_ptr[g]:cta_ptr[g+1]`` of the ``step_*`` arrays, in program order.  ``grid`` is
     the call's tile grid; a varlen pack (:class:`.pack_plan.PackPlan`) has none, its ``batch`` is the number of
-    sequences and its tile space is its :class:`.packs.PackTiles`.
+    sequences and its tile space is its :class:`.packs.PackTiles`.  ``fold`` > 1: the GQA sibling fold, whose K/V tiles
+    are ``(batch, K/V head, n)`` and run ``fold`` query heads each (:func:`.orders.fold_siblings`).
     """
 
     def __init__(self, grid: TileGrid | None, batch: int, heads: int, heads_kv: int, num_sms: int, schedule: str,
@@ -30,13 +31,15 @@ class Plan:
         self.grid, self.batch, self.heads, self.heads_kv = grid, batch, heads, heads_kv
         self.num_sms, self.schedule, self._orders = num_sms, schedule, orders
         self.num_ctas: int = orders.num_ctas
+        self.fold: int = orders.fold
         self.schedule_used: str = orders.schedule_used
         self.description: str = orders.description
         self.fallback: str | None = orders.fallback
         tile = np.repeat(np.arange(orders.tile_len.size, dtype=np.int64), orders.tile_len)
         self.step_cta = orders.tile_cta[tile]
         self.step_round = orders.tile_round[tile]
-        self.step_b, self.step_h, self.step_n = orders.tile_b[tile], orders.tile_h[tile], orders.tile_n[tile]
+        self.step_b, self.step_n = orders.tile_b[tile], orders.tile_n[tile]
+        self.step_h = orders.tile_h[tile] if orders.step_h is None else orders.step_h
         self.step_m, self.step_rank = orders.step_m, orders.step_rank
         self.cta_ptr = np.searchsorted(self.step_cta, np.arange(self.num_ctas + 1)).astype(np.int64)
 
@@ -54,7 +57,8 @@ class Plan:
 
     @cached_property
     def cta_tiles(self) -> list[list[tuple[int, int, int]]]:
-        """Per CTA, its K/V tiles ``(b, h, n)`` in order, including task-less ones (they still write dK/dV)."""
+        """Per CTA, its K/V tiles ``(b, h, n)`` in order, including task-less ones (they still write dK/dV); ``h`` is the
+        K/V head when folded."""
         o = self._orders
         rows = np.stack([o.tile_b, o.tile_h, o.tile_n], axis=1).tolist()
         bounds = np.searchsorted(o.tile_cta, np.arange(self.num_ctas + 1)).tolist()
@@ -93,13 +97,17 @@ class Plan:
         return rank_predecessors(self._dq_tile(), self.step_rank)
 
     # The tile space as the checks see it: flat ids and per-step bounds (a pack overrides these, PackPlan).
+    def _tile_heads(self) -> int:
+        """Heads of the tile space: the query heads, or the K/V heads when folded."""
+        return self.heads_kv if self.fold > 1 else self.heads
+
     def kv_tile_ids(self, b: np.ndarray, h: np.ndarray, n: np.ndarray) -> np.ndarray:
         """A unique id per K/V tile ``(b, h, n)`` (arrays broadcast), in ``[0, _num_kv_tiles())``: the layout of the
         kernel's per-tile workspace."""
-        return (b * self.heads + h) * self.grid.num_n + n
+        return (b * self._tile_heads() + h) * self.grid.num_n + n
 
     def _num_kv_tiles(self) -> int:
-        return self.batch * self.heads * self.grid.num_n
+        return self.batch * self._tile_heads() * self.grid.num_n
 
     def _num_n(self, b: np.ndarray):
         """N of the sequence of each tile (one number for a dense call)."""
@@ -127,14 +135,14 @@ class Plan:
         Checked: every K/V tile appears exactly once in the CTA lists; every visible (m, n) tile is visited exactly once
         and nothing else; the ranks of every dQ tile are exactly ``0 .. K_m - 1``; the wait-for graph of all CTAs
         co-resident is acyclic; and every rank predecessor, and with GQA every dK/dV predecessor (the previous query
-        head of the same K/V head, sequence and n: the kernel's ``dkv_sem`` order), runs in the same or an earlier
-        persistent round.  The round rule is what makes GQA safe: within one round a path can only move to a lower
+        head of the same K/V head, sequence and n: the kernel's ``dkv_sem`` order; none when folded), runs in the same
+        or an earlier persistent round.  The round rule is what makes GQA safe: within one round a path can only move to a lower
         (batch, head) through a dK/dV wait, so no cycle can close through them.  On the dynamic grid a round is one
         tile, so it says that every predecessor lies in an earlier tile, which keeps every claim order deadlock-free
         (:mod:`.orders`), not only the predicted one.
         """
         o = self._orders
-        outside = (o.tile_b < 0) | (o.tile_b >= self.batch) | (o.tile_h < 0) | (o.tile_h >= self.heads)
+        outside = (o.tile_b < 0) | (o.tile_b >= self.batch) | (o.tile_h < 0) | (o.tile_h >= self._tile_heads())
         if not np.any(outside):
             outside = (o.tile_n < 0) | (o.tile_n >= self._num_n(o.tile_b))
         if np.any(outside):
@@ -183,7 +191,10 @@ class Plan:
             raise ScheduleError(f"{self.schedule}: step {self.describe_step(bad)} waits on a later persistent round")
 
     def _check_dkv_rounds(self, tiles: np.ndarray) -> None:
-        """GQA: query heads of one K/V head add their dK/dV in ascending h; each waits on head h-1's same tile."""
+        """GQA: query heads of one K/V head add their dK/dV in ascending h; each waits on head h-1's same tile.  Folded
+        tiles hold every sibling's dK/dV and store it once: no waits."""
+        if self.fold > 1:
+            return
         o, group = self._orders, self.heads // self.heads_kv
         rnd = np.empty(tiles.size, dtype=np.int64)
         rnd[tiles] = o.tile_round
@@ -202,9 +213,10 @@ class Plan:
                 f"n={int(self.step_n[step])}, m={int(self.step_m[step])}, rank={int(self.step_rank[step])})")
 
     def __repr__(self) -> str:
+        fold = f", folded over Hk={self.heads_kv}" if self.fold > 1 else ""
         return (f"Plan({self.schedule!r} -> {self.schedule_used!r}, {self.grid.describe()}, "
                 f"sq={self.grid.seqlen_q}, sk={self.grid.seqlen_k}, tiles={self.grid.block_m}x{self.grid.block_n}, "
-                f"B={self.batch}, H={self.heads}, G={self.num_ctas}, steps={self.num_steps})")
+                f"B={self.batch}, H={self.heads}{fold}, G={self.num_ctas}, steps={self.num_steps})")
 
 
 def _count(value) -> bool:
@@ -230,7 +242,7 @@ def check_plan_args(mask: str, schedule: str, heads: int, num_sms: int, heads_kv
 def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, batch: int, heads: int,
                num_sms: int, schedule: str, heads_kv: int | None = None,
                costs: tuple[float, float] | None = None, claim_heads: int | None = None,
-               window: tuple[int, int] = (-1, -1)) -> Plan:
+               window: tuple[int, int] = (-1, -1), fold: bool = False) -> Plan:
     """Build the plan of ``schedule`` for one backward call.
 
     ``heads`` are query heads; ``heads_kv`` (default ``heads``) must divide it.  GQA changes nothing for dQ (dQ tiles
@@ -239,11 +251,18 @@ def build_plan(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: i
     the persistent grid size the kernel launches with (SM count minus ``sm_margin``); the grid is ``min(num_sms,
     #tiles)``.  ``costs`` = ``(c, r)`` only shape the dynamic grid's predicted claims (ascending/descending; see
     :mod:`.orders`) and ``claim_heads`` overrides its claim group (default: the kernel's rule).  ``window`` is
-    FlashAttention's ``window_size`` (:class:`.tiles.TileGrid`); on a band every schedule is defined.  The result is a
+    FlashAttention's ``window_size`` (:class:`.tiles.TileGrid`); on a band every schedule is defined.  ``fold``: the
+    GQA sibling fold (needs ``heads_kv < heads``): the grid runs one tile per (batch, K/V head, n), which walks its
+    steps once per query head sharing the K/V head (:func:`.orders.fold_siblings`; no dK/dV waits).  The result is a
     pure function of the arguments.
     """
     check_plan_args(mask, schedule, heads, num_sms, heads_kv, claim_heads, batch)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     heads_kv = heads if heads_kv is None else heads_kv
-    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads, int(heads_kv))
+    if not isinstance(fold, bool):
+        raise ValueError(f"fold must be a bool, got {fold!r}")
+    if fold and heads_kv == heads:
+        raise ValueError(f"fold needs GQA (heads_kv < heads), got heads={heads}, heads_kv={heads_kv}")
+    orders = build_orders(grid, int(batch), int(heads), int(num_sms), schedule, costs, claim_heads, int(heads_kv),
+                          fold)
     return Plan(grid, int(batch), int(heads), int(heads_kv), int(num_sms), schedule, orders)

@@ -1,7 +1,8 @@
 // Backward dQ-store role (warp 1 of warpgroup 0): each step's fresh dQ tile, handed over by the MMA warpgroups
 // through shared memory (dq_handoff.hpp), goes into the fp32 accumulator: the schedule's rank 0 stores
 // (cp.async.bulk), every later rank bulk reduce-adds, behind a per-(m tile, batch, head) counter. Deterministic:
-// rank r waits until the counter is r; otherwise only until rank 0's store landed (counter >= 1).
+// rank r waits until the counter is r; otherwise only until rank 0's store landed (counter >= 1). GQA-folded tiles
+// walk their steps once per sibling head, each into that head's dQ tiles (schedule/sibling_walk.hpp).
 #pragma once
 #include <cutlass/cutlass.h>
 
@@ -9,12 +10,13 @@
 #include "bwd/kernel_params.hpp"
 #include "bwd/semaphore.hpp"
 #include "bwd/timeline.hpp"
+#include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Deterministic, class Policy>
+template <class Traits, bool Deterministic, class Policy, bool GqaFold>
 struct BwdDqStore {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
@@ -26,18 +28,22 @@ struct BwdDqStore {
         constexpr int kHeadDim = Traits::kHeadDim;
         constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
         SchedShape const& sched = params.sched;
+        SiblingWalk<GqaFold> const siblings{params.group};
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
             TileCtx const c = Policy::make_ctx(sched, t);
             auto const st = Policy::init(sched, c);
             int const steps = Policy::num_steps(sched, c, st);
-            int64_t const bh = int64_t(c.b) * sched.heads + c.h;
-            #pragma unroll 1  // see the producer loop (load.hpp)
-            for (int step = 0; step < steps; ++step) {
+            auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
+                return cute::make_tuple(h, int64_t(c.b) * siblings.query_heads(sched) + h);
+            };
+            // Not unrolled (for_each_step): see the producer loop (load.hpp).
+            siblings.for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                auto const& [h, bh] = hb;
                 int const m = Policy::m_block(sched, c, st, step);
                 float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
-                int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * sched.heads + c.h;
+                int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h;
                 // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
                 // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
                 Handoff::store_begin();
@@ -83,7 +89,7 @@ struct BwdDqStore {
                     timeline.done(int(blockIdx.x), step);
                 }
                 __syncwarp();
-            }
+            });
         }
         if (lane == 0) { bulk_wait_group_0(); }
     }

@@ -1,6 +1,6 @@
 // dK/dV epilogue of the backward kernel: scale dK, then either store both in the input dtype
-// (no GQA; rows >= sk are not written) or add them in fp32 into the GQA accumulators
-// (deterministic mode: in the order rank = h % group, one counter per (n, b, kv head)).
+// (no GQA, or GQA-folded tiles, which hold every sibling's sum; rows >= sk are not written) or add them in fp32
+// into the GQA accumulators (deterministic mode: in the order rank = h % group, one counter per (n, b, kv head)).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -9,11 +9,12 @@
 #include "bwd/barriers.hpp"
 #include "bwd/semaphore.hpp"
 #include "schedule/policies.hpp"
+#include "schedule/sibling_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Deterministic>
+template <class Traits, bool Deterministic, bool GqaFold>
 struct BwdEpilogue {
     template <class Params, class TiledMma, class Acc>
     CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c, int tid,
@@ -28,9 +29,9 @@ struct BwdEpilogue {
         float const scale = params.softmax_scale;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
-        int const hk = c.h / params.group;
+        int const hk = SiblingWalk<GqaFold>{params.group}.kv_head(c);
         int const n_base = c.n * kBlockN;
-        if (params.dk_accum == nullptr) {
+        if (GqaFold || params.dk_accum == nullptr) {
             // Pairs (2i, 2i+1) of the accumulator are adjacent columns of one row.
             Element* dk = params.dk + c.b * params.dk_batch + hk * params.dk_head;
             Element* dv = params.dv + c.b * params.dv_batch + hk * params.dv_head;

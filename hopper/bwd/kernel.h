@@ -4,7 +4,8 @@
 //   WG0 warp 1: dQ store (bwd/dq_store.hpp): each fresh dQ tile into the fp32 accumulator, in the schedule's order.
 //   WG1, WG2  : MMA (bwd/mainloop.hpp) and the dK/dV epilogue (bwd/epilogue.hpp).
 // Which K/V tiles a CTA runs, in which Q-tile order and with which dQ ranks is the schedule policy's
-// (schedule/policies.hpp).
+// (schedule/policies.hpp). GqaFold: a tile is (b, K/V head, n) and runs every query head sharing it
+// (schedule/sibling_walk.hpp); dK/dV leave once per tile with plain stores.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -21,7 +22,7 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_kernel_sm90(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -69,13 +70,13 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         int const warp_in_wg = warp_idx % 4;
         if (warp_in_wg == 0) {
-            if (lane == 0) { BwdLoad<Traits, Policy>::run(params, ss, pipeline_q, pipeline_do, num_tiles); }
+            if (lane == 0) { BwdLoad<Traits, Policy, GqaFold>::run(params, ss, pipeline_q, pipeline_do, num_tiles); }
         } else if (warp_in_wg == 1) {
-            BwdDqStore<Traits, Deterministic, Policy>::run(params, ss, lane, num_tiles);
+            BwdDqStore<Traits, Deterministic, Policy, GqaFold>::run(params, ss, lane, num_tiles);
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
-        BwdMainloop<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy>::run(
+        BwdMainloop<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold>::run(
             params, ss, pipeline_q, pipeline_do, int(threadIdx.x) - 128, num_tiles);
     }
 #endif

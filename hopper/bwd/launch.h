@@ -13,6 +13,7 @@
 #include "common/launch_utils.h"
 #include "common/softcap.hpp"
 #include "generated/schedules.h"
+#include "schedule/sibling_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -25,10 +26,11 @@ inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 //   lse_log2  fp32 (B, H, M*kBlockM)
 //   dq_sem    int32 (M, B, H)
 //   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
-//   GQA only: dk_accum, dv_accum fp32 (B, Hk, N*kBlockN, d) row-major; dkv_sem int32 (N, B, Hk)
+//   GQA only, unless folded (a folded tile stores its dK/dV itself): dk_accum, dv_accum fp32 (B, Hk, N*kBlockN, d)
+//   row-major; dkv_sem int32 (N, B, Hk)
 struct WorkspaceLayout {
     size_t dq_accum, dpsum, lse_log2, dq_sem, tile_counter, dk_accum, dv_accum, dkv_sem, total;
-    bool gqa;
+    bool gqa;  // dK/dV go through the fp32 accumulators
 };
 
 template <class Traits>
@@ -44,7 +46,7 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     w.lse_log2 = off; off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
     w.dq_sem = off;   off = align_up(off + size_t(M * bh) * 4);
     w.tile_counter = off; off = align_up(off + 4);
-    w.gqa = p.num_heads_k != p.num_heads;
+    w.gqa = p.num_heads_k != p.num_heads && !p.gqa_fold;
     if (w.gqa) {
         w.dk_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
         w.dv_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
@@ -54,29 +56,40 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     return w;
 }
 
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
-    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy>;
+    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("backward main kernel launch");
 }
 
-// Launches the main kernel of the call's mask, mode and policy; launch_error has checked that it is instantiated
-// (generated/schedules.h says which are; sliding windows and softcaps instantiate their mask's policies).
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic>
-void launch_policy(Schedule policy, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
+// Launches the main kernel of the call's mask, mode, policy and fold; launch_error has checked that it is
+// instantiated (generated/schedules.h says which policies are; sliding windows and softcaps instantiate their mask's
+// policies; the folded kernels exist where the translation unit was built with FoldBuilt).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, bool FoldBuilt>
+void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
-        launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, typename decltype(tag)::type>(kp, grid,
-                                                                                                       stream);
+        using Policy = typename decltype(tag)::type;
+        if constexpr (FoldBuilt) {
+            if (gqa_fold) {
+                launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, true>(kp, grid, stream);
+                return;
+            }
+        }
+        launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, false>(kp, grid, stream);
     });
 }
 
 // The main kernel of the call's mode for one mask.
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap>
+template <class Traits, bool FoldBuilt, bool Is_causal, bool Is_local, bool Is_softcap>
 void launch_mode(BwdParams const& p, BwdKernelParams<Traits> const& kp, cudaStream_t stream) {
-    if (p.deterministic) launch_policy<Traits, Is_causal, Is_local, Is_softcap, true>(p.schedule, kp, p.grid, stream);
-    else launch_policy<Traits, Is_causal, Is_local, Is_softcap, false>(p.schedule, kp, p.grid, stream);
+    if (p.deterministic) {
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, true, FoldBuilt>(p.schedule, p.gqa_fold, kp, p.grid, stream);
+    } else {
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, false, FoldBuilt>(p.schedule, p.gqa_fold, kp, p.grid,
+                                                                                  stream);
+    }
 }
 
 // Whether the backward of Traits instantiates `policy` for this mask and mode.
@@ -89,17 +102,25 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
     return deterministic ? with_policy<Traits, false, true>(policy, none) : with_policy<Traits, false, false>(policy, none);
 }
 
-// Why the resolved launch (policy, grid, claim group from flash_attn_dash/launch.py) cannot run this shape, or
-// nullptr: the launcher's check of the Python decision, before anything is launched.
-template <class Traits>
+// Why the resolved launch (policy, grid, claim group, GQA fold from flash_attn_dash/launch.py) cannot run this shape,
+// or nullptr: the launcher's check of the Python decision, before anything is launched. `s` is the grid the policies
+// walk (its heads are the K/V heads when folded).
+template <class Traits, bool FoldBuilt>
 char const* launch_error(BwdParams const& p, SchedShape const& s) {
+    if (p.gqa_fold && !FoldBuilt) {
+        return "flash_dash bwd: gqa_fold=true but this build has no GQA-folded kernels "
+               "(build with FLASH_DASH_GQA_FOLD=1)";
+    }
+    if (p.gqa_fold && p.num_heads == p.num_heads_k) {
+        return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
+    }
     int64_t const units = p.schedule == Schedule::kSymmetricShift ? int64_t(s.batch) * s.heads * (s.num_n / 2)
                                                                    : int64_t(s.batch) * s.heads * s.num_n;
     if (p.grid < 1 || p.grid > p.num_sms || p.grid > units) {
         return "flash_dash bwd: grid must be in [1, min(SM count - sm_margin, work units)]";
     }
     if (p.claim_group < 1 || int64_t(p.claim_group) > int64_t(s.batch) * s.heads) {
-        return "flash_dash bwd: claim_group must be in [1, batch * heads]";
+        return "flash_dash bwd: claim_group must be in [1, batch * heads of the grid (heads_k when gqa_fold)]";
     }
     if (!tile_count_fits(int64_t(s.batch) * s.heads * s.num_n, p.grid)) {
         return "flash_dash bwd: too many tiles (batch * heads * K/V tiles must stay below 2^31 - 2 * grid)";
@@ -117,7 +138,8 @@ char const* launch_error(BwdParams const& p, SchedShape const& s) {
     return why;
 }
 
-template <class Traits>
+// FoldBuilt: the translation unit also instantiates the GQA-folded kernels (variants.GQA_FOLD_KNOB).
+template <class Traits, bool FoldBuilt>
 void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -138,12 +160,13 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
     SchedShape s{};
     s.batch = p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
+    if (p.gqa_fold) { s = folded_grid(s); }
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
     s.grid = p.grid; s.causal = p.is_causal;
     s.window_left = p.window_left; s.window_right = p.window_right;
     s.claim_group = p.claim_group;
-    if (char const* why = launch_error<Traits>(p, s)) { throw std::invalid_argument(why); }
+    if (char const* why = launch_error<Traits, FoldBuilt>(p, s)) { throw std::invalid_argument(why); }
 
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
 
@@ -194,18 +217,18 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     // softcap_error above: a softcap with a sliding window only where the variant table builds it.
     if (p.softcap > 0.f) {
         if (local) {
-            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, true, true, true>(p, kp, stream); }
+            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, FoldBuilt, true, true, true>(p, kp, stream); }
         } else if (p.is_causal) {
-            launch_mode<Traits, true, false, true>(p, kp, stream);
+            launch_mode<Traits, FoldBuilt, true, false, true>(p, kp, stream);
         } else {
-            launch_mode<Traits, false, false, true>(p, kp, stream);
+            launch_mode<Traits, FoldBuilt, false, false, true>(p, kp, stream);
         }
     } else if (local) {
-        launch_mode<Traits, true, true, false>(p, kp, stream);
+        launch_mode<Traits, FoldBuilt, true, true, false>(p, kp, stream);
     } else if (p.is_causal) {
-        launch_mode<Traits, true, false, false>(p, kp, stream);
+        launch_mode<Traits, FoldBuilt, true, false, false>(p, kp, stream);
     } else {
-        launch_mode<Traits, false, false, false>(p, kp, stream);
+        launch_mode<Traits, FoldBuilt, false, false, false>(p, kp, stream);
     }
 
     PostprocessParams post{};

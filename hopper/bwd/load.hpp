@@ -1,5 +1,6 @@
 // Backward producer role (warp 0 of warpgroup 0, one thread): TMA loads of K/V once per tile and of Q+LSE and
-// dO+dPsum per step through 2-stage pipelines; on the dynamic grid it also claims the CTA's next tile.
+// dO+dPsum per step through 2-stage pipelines (per sibling head when GQA-folded); on the dynamic grid it also claims
+// the CTA's next tile.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -7,12 +8,13 @@
 
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
+#include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, class Policy>
+template <class Traits, class Policy, bool GqaFold>
 struct BwdLoad {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
@@ -26,11 +28,12 @@ struct BwdLoad {
         using namespace cute;
         constexpr int kBlockM = Traits::kBlockM;
         SchedShape const& sched = params.sched;  // stays in the param bank (no registers)
+        SiblingWalk<GqaFold> const siblings{params.group};
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
         Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
         Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
         Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
-        auto shape_q = make_shape(sched.seqlen_q, params.head_dim, sched.heads, sched.batch);
+        auto shape_q = make_shape(sched.seqlen_q, params.head_dim, siblings.query_heads(sched), sched.batch);
         auto shape_k = make_shape(sched.seqlen_k, params.head_dim, sched.heads_k, sched.batch);
         Tensor mQ = params.tma_q.get_tma_tensor(shape_q);
         Tensor mdO = params.tma_do.get_tma_tensor(shape_q);
@@ -45,26 +48,28 @@ struct BwdLoad {
             auto const st = Policy::init(sched, c);
             int const steps = Policy::num_steps(sched, c, st);
             if (steps <= 0) continue;
-            int const hk = c.h / params.group;
-            Tensor gQ = local_tile(mQ(_, _, c.h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
-            Tensor gdO = local_tile(mdO(_, _, c.h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+            int const hk = siblings.kv_head(c);
             Tensor gK = local_tile(mK(_, _, hk, c.b), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
             Tensor gV = local_tile(mV(_, _, hk, c.b), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
-            auto [tQgQ, tQsQ] = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
-            auto [tdOgdO, tdOsdO] = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
             auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-            int64_t const row_base = int64_t(c.b * sched.heads + c.h) * sched.num_m * kBlockM;
-            float const* lse_tile = params.lse_log2 + row_base;
-            float const* dpsum_tile = params.dpsum + row_base;
 
             ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
             copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
-            // Not unrolled: one thread issuing TMA gains nothing from it, and unrolling made the
+            auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
+                Tensor gQ = local_tile(mQ(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+                Tensor gdO = local_tile(mdO(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+                auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+                auto dO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
+                int64_t const row_base = int64_t(c.b * siblings.query_heads(sched) + h) * sched.num_m * kBlockM;
+                return cute::make_tuple(get<0>(q), get<1>(q), get<0>(dO), get<1>(dO), params.lse_log2 + row_base,
+                                        params.dpsum + row_base);
+            };
+            // Not unrolled (for_each_step): one thread issuing TMA gains nothing from it, and unrolling made the
             // 24-register warps (hdim 64) spill inside this loop.
-            #pragma unroll 1
-            for (int step = 0; step < steps; ++step) {
+            siblings.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+                auto const& [tQgQ, tQsQ, tdOgdO, tdOsdO, lse_tile, dpsum_tile] = ht;
                 int const m = Policy::m_block(sched, c, st, step);
                 int const s = pipe_write.index();
                 pipeline_q.producer_acquire(pipe_write);
@@ -76,7 +81,7 @@ struct BwdLoad {
                 copy(params.tma_do.with(*bdo, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, s));
                 bulk_load_g2s(&ss.smem_dpsum[s * kBlockM], dpsum_tile + m * kBlockM, kBlockM * sizeof(float), bdo);
                 ++pipe_write;
-            }
+            });
             // Wait until the MMA warpgroups are done with this tile's K/V before moving on: the next
             // tile's K/V load needs the buffer, and on the dynamic grid the CTA must not claim its next
             // tile before it is about to run it (a short tile's loads are issued long before its

@@ -1,6 +1,7 @@
 // Backward MMA role (warpgroups 1 and 2): per step S^T = K Q^T and dP^T = V dO^T, P and dS in registers,
 // dV += P^T dO and dK += dS^T Q accumulated over the tile's steps, and a fresh dQ = dS K per step handed to the
-// dQ-store warp; per tile the dK/dV epilogue.
+// dQ-store warp; per tile the dK/dV epilogue. GQA-folded tiles run their steps once per sibling head
+// (schedule/sibling_walk.hpp), dK/dV accumulating over all of them.
 #pragma once
 #include <cmath>
 #include <cute/tensor.hpp>
@@ -13,6 +14,7 @@
 #include "bwd/kernel_params.hpp"
 #include "bwd/tile_mask.hpp"
 #include "common/utils.hpp"
+#include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
@@ -22,7 +24,8 @@ namespace bwd {
 // Is_softcap: the kernels of softcaps. With t = tanh(S * softmax_scale / softcap) the score is softcap * t, so
 // P = exp2(t * scale_log2 - lse_log2) and dS = P (dP - dPsum) (1 - t^2); softmax_scale then scales dK and dQ as in the
 // other kernels (d(softcap * t)/dS = softmax_scale (1 - t^2)).
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy>
+// GqaFold: one tile per (b, K/V head, n) walks every sibling head's steps (schedule/sibling_walk.hpp).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
 struct BwdMainloop {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
@@ -93,7 +96,11 @@ struct BwdMainloop {
             int const n_base = c.n * kBlockN;
             if (steps > 0) {
                 ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);
-                for (int step = 0; step < steps; ++step) {
+                // The tile's steps over all its siblings (SiblingWalk; the operands arrive in shared memory, so the MMA
+                // needs no head). A plain loop: the step loop inside the walk's lambda made ptxas spill at hdim 128.
+                typename SiblingWalk<GqaFold>::Cursor cursor{};
+                for (int k = 0; k < SiblingWalk<GqaFold>{params.group}.num_steps(steps); ++k) {
+                    int const step = cursor.step(k);
                     int const m = Policy::m_block(sched, c, st, step);
                     int const m_base = m * kBlockM;
                     int const s = pipe_read.index();
@@ -193,12 +200,13 @@ struct BwdMainloop {
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;
                     ds_stage ^= 1;
+                    cursor.advance(steps);
                 }
                 // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
                 ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;
             }
-            BwdEpilogue<Traits, Deterministic>::store(params, sched, c, tid, mma_dkv, tdKacc, tdVacc);
+            BwdEpilogue<Traits, Deterministic, GqaFold>::store(params, sched, c, tid, mma_dkv, tdKacc, tdVacc);
         }
     }
 };

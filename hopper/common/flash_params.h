@@ -40,10 +40,12 @@ struct BwdParams : FwdParams {
     TensorStrides do_stride, dq_stride, dk_stride, dv_stride;
     bool deterministic;
     // The resolved launch (flash_attn_dash/launch.py decides it, the launcher checks it): the policy that runs,
-    // its persistent grid size and, on the dynamic grid, the heads per claim group.
+    // its persistent grid size and, on the dynamic grid, the heads per claim group; gqa_fold: one tile per K/V head
+    // runs every query head sharing it (schedule/sibling_walk.hpp; kernels built with FLASH_DASH_GQA_FOLD only).
     Schedule schedule;
     int grid;
     int claim_group;
+    bool gqa_fold;
     // Debug only (nullptr otherwise): per dQ tile (b, h, m), the K/V tile indices n in arrival order.
     int* order_trace;
     // Diagnostic only (nullptr otherwise; kernels built with FLASH_DASH_BWD_TIMELINE=1 fill it, others

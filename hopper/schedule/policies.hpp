@@ -32,6 +32,23 @@
 //  its tiles in that order, so the unfinished tile that comes first is held by a running CTA and never
 //  waits on anything unfinished: the system always makes progress.
 //  * Shift (full mask only) and SymmetricShift (causal only, pair grid): see the policies below.
+//  * GQA sibling fold (schedule/sibling_walk.hpp; kernels built with FLASH_DASH_GQA_FOLD): the policies walk the
+//    folded grid, whose heads are the Hk K/V heads (SchedShape::heads = Hk, slot_head the identity), and each tile
+//    (b, hk, n) runs its walk W once per sibling s = 0..G-1 (query head h = hk*G + s): W_0 W_1 .. W_{G-1}, step i of
+//    W_s being (h, m_i) with the rank the policy gives (n, m_i). dK/dV stay in registers (no dK/dV waits at all).
+//    Ranks: for each sibling s the contributions into the dQ tiles (b, hk*G + s, m) are exactly those of the
+//    unfolded schedule of the Hk-head grid, so every dQ tile's ranks are 0 .. K_m - 1 as above.
+//    Deadlock freedom: give each contribution the key (u, s): u = the tile's round on the static grid, (round,
+//    stage) on the pair grid (stage 0 long, 1 short), the claim p on the dynamic grid; s its sibling. (1) Along
+//    every CTA's program keys never decrease (tiles run in increasing u, siblings in increasing s within a tile).
+//    (2) A wait is on the rank predecessor of the same dQ tile, hence the same sibling s, in a tile of the same or
+//    an earlier u (the unfolded arguments: earlier rounds rank first; a round's long tiles never wait on its short
+//    ones; on the dynamic grid the predecessor has a smaller p). So the contributions of the smallest unfinished key
+//    wait only on contributions of that key: on the static and pair grids they are one round (or one stage of it)
+//    of the unfolded schedule, run by co-resident CTAs that finished everything before it, which completes as in
+//    the unfolded case; on the dynamic grid they are one tile's walk with every predecessor finished, and tile p is
+//    claimed because every CTA holding a smaller p has finished it. By induction over the keys everything finishes.
+//    Non-deterministic adds wait for rank 0 only, a subset of these waits. Plan.check (fold=True) checks the same.
 //
 // Policy interface (all roles of the kernel walk the same sequence; on the dynamic grid next_tile
 // is the tile the CTA's producer claimed, passed on through shared memory):
@@ -54,7 +71,7 @@ namespace bwd {
 
 // Problem shape as the schedule sees it (all 32-bit; products that can exceed 2^31 use int64).
 struct SchedShape {
-    int batch, heads, heads_k;   // B, H (query heads), Hk
+    int batch, heads, heads_k;   // B, H (the grid's heads: query heads, or Hk when GQA-folded), Hk
     int seqlen_q, seqlen_k;      // sq, sk
     int block_m, block_n;        // kBlockM, kBlockN
     int num_m, num_n;            // M, N

@@ -1,0 +1,179 @@
+"""The GQA sibling fold on the sm90 kernels (one tile per batch, K/V head and K/V tile runs every query head sharing
+the K/V head; dK/dV stay in registers and are stored once): gradients vs the fp32 reference (tests/grad_rule.py's
+rule), bitwise repeats in deterministic mode, the dQ arrival order = the model's folded plan, dQ bits equal to the
+unfolded kernels' where the ranks do not depend on the grid, and the launch decision. GPU only.
+
+Until ``variants.GQA_FOLD_VALIDATED`` the folded kernels exist only in builds with ``FLASH_DASH_GQA_FOLD=1``; the
+fixture lifts the gate for these tests (``monkeypatch``), and they skip, naming the knob, on a build without them.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from grad_rule import tolerance_rule
+from kernel_head_dims import gpu_head_dims
+from test_bwd_gpu import SCHEDULE_MASK_IDS, SCHEDULE_MASKS, _blocks, _inputs, _trace_buffer, _wait
+
+from flash_attn_dash import features, variants
+from flash_attn_dash.launch import bwd_launch, model_mask
+
+# tests/conftest.py skips them without an sm90 GPU and the kernels.
+pytestmark = pytest.mark.gpu
+
+HDIMS = gpu_head_dims()
+DTYPES = [torch.bfloat16, torch.float16]
+# (batch, heads, heads_k): groups 3, 6, 4, 8 (MQA included)
+HEAD_CONFIGS = [(3, 6, 2), (1, 6, 1), (2, 8, 2), (1, 8, 1)]
+SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024), (2048, 2048)]
+WINDOWS = [(True, (128, 0)), (False, (64, 64)), (True, (300, -1))]
+WINDOW_IDS = [f"{'causal' if c else 'full'}-{w[0]}_{w[1]}" for c, w in WINDOWS]
+NO_FOLD_BUILD = "no GQA-folded kernels"
+
+
+@pytest.fixture(autouse=True)
+def gqa_fold_gate_lifted(monkeypatch):
+    """The fold's gate lifted for one test; the launch decisions cached under the other setting are dropped."""
+    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
+    bwd_launch.cache_clear()
+    yield
+    bwd_launch.cache_clear()
+
+
+def _bwd(dout, q, k, v, out, lse, causal, window, deterministic, schedule, sm_margin=0, trace=None):
+    """The CUDA backward into NaN-poisoned gradients with the launch flash_attn_dash.launch decides; skips the test
+    on a build without the folded kernels (the launcher's refusal names the knob)."""
+    from flash_attn_dash.ops import bwd_into
+
+    kc, kw = features.kernel_window(causal, window, q.shape[1], k.shape[1])
+    grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
+    try:
+        launch = bwd_into(dout, q, k, v, out, lse, *grads, q.shape[-1] ** -0.5, kc, deterministic, schedule,
+                          sm_margin, order_trace=trace, window=kw)
+    except ValueError as err:
+        if NO_FOLD_BUILD in str(err):
+            pytest.skip(f"this build has no GQA-folded kernels: build with {variants.GQA_FOLD_KNOB}=1")
+        raise
+    return grads, launch
+
+
+def _check(q, k, v, dout, out, grads, causal, window=(-1, -1)):
+    for name, err, bound in tolerance_rule(q, k, v, dout, out, grads, causal, window_size=window):
+        assert err <= bound, f"{name}: err {err:.3e} > 2 * pt + atol = {bound:.3e}"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("deterministic", [False, True])
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
+@pytest.mark.parametrize("sq,sk", SHAPES)
+@pytest.mark.parametrize("b,h,hk", HEAD_CONFIGS)
+def test_fold_matches_reference(b, h, hk, sq, sk, schedule, causal, deterministic, d, dtype):
+    q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, dtype, causal)
+    grads, launch = _bwd(dout, q, k, v, out, lse, causal, (-1, -1), deterministic, schedule)
+    _wait()
+    assert launch.gqa_fold
+    _check(q, k, v, dout, out, grads, causal)
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("schedule,deterministic", [("ascending", True), ("descending", True),
+                                                    ("symmetric_shift", True), ("auto", False)])
+@pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
+@pytest.mark.parametrize("sq,sk", [(1024, 1024), (1000, 1500), (4096, 4096)])
+def test_fold_window_matches_reference(sq, sk, causal, window, schedule, deterministic, d):
+    """Sliding windows (gpt-oss's causal 128 among them), 16 query heads on 2 K/V heads (group 8)."""
+    features.check_schedule_on_mask(schedule, causal, window, sq, sk)
+    q, k, v, dout, out, lse = _inputs(1, sq, sk, 16, 2, d, torch.bfloat16, causal, window_size=window)
+    grads, launch = _bwd(dout, q, k, v, out, lse, causal, window, deterministic, schedule)
+    _wait(timeout=60)
+    assert launch.gqa_fold
+    _check(q, k, v, dout, out, grads, causal, window)
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
+def test_fold_deterministic_bits_repeat(causal, window, d):
+    q, k, v, dout, out, lse = _inputs(2, 3000, 3000, 8, 2, d, torch.bfloat16, causal, window_size=window)
+    first, _ = _bwd(dout, q, k, v, out, lse, causal, window, True, "auto")
+    for _ in range(20):
+        again, _ = _bwd(dout, q, k, v, out, lse, causal, window, True, "auto")
+        for a, b_ in zip(first, again):
+            assert torch.equal(a, b_)
+    _wait()
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)
+@pytest.mark.parametrize("sq,sk,b,h,hk,margin,window", [
+    (2048, 2048, 2, 8, 2, 0, (-1, -1)), (2048, 2048, 2, 8, 4, 18, (-1, -1)), (1024, 1024, 1, 6, 1, 54, (-1, -1)),
+    (4224, 4224, 1, 4, 2, 100, (-1, -1)), (113, 2000, 1, 4, 2, 17, (-1, -1)), (128, 16384, 1, 4, 2, 0, (-1, -1)),
+    (8192, 8192, 1, 16, 2, 0, (128, 0)), (2048, 2048, 2, 8, 2, 131, (128, 0)),
+])
+def test_fold_trace_matches_model(sq, sk, b, h, hk, margin, window, schedule, causal, d):
+    """The kernel's dQ arrival order per (b, h, m) is the model's folded plan (build_plan(..., fold=True)), on the
+    full H200 and on fewer SMs, and the run finishes under the watchdog."""
+    from flash_attn_dash.schedule import build_plan
+
+    if window != (-1, -1):
+        if not causal:
+            pytest.skip("the window cases run on the causal kernels")
+        features.check_schedule_on_mask(schedule, causal, window, sq, sk)
+    q, k, v, dout, out, lse = _inputs(b, sq, sk, h, hk, d, torch.bfloat16, causal, window_size=window)
+    trace = _trace_buffer(b, h, sq, sk, d)
+    _, launch = _bwd(dout, q, k, v, out, lse, causal, window, True, schedule, sm_margin=margin, trace=trace)
+    _wait(timeout=60)
+    assert launch.gqa_fold
+    kc, kw = features.kernel_window(causal, window, sq, sk)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
+    plan = build_plan(model_mask(kc, kw), sq, sk, *_blocks(d), b, h, num_sms, launch.schedule, heads_kv=hk,
+                      claim_heads=launch.claim_group, window=kw, fold=True)
+    plan.check()
+    assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
+    got = trace.cpu().numpy().astype(np.int32)
+    expect = plan.trace_array()
+    bad = np.argwhere(got != expect)
+    assert bad.size == 0, f"{plan!r} ({plan.description}): {len(bad)} trace entries differ, first (b,h,m,pos) " \
+                          f"{bad[0].tolist()}: kernel {got[tuple(bad[0])]} model {expect[tuple(bad[0])]}"
+
+
+@pytest.mark.parametrize("d", HDIMS)
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
+def test_fold_dq_bits_equal_the_unfolded_kernels(monkeypatch, causal, window, d):
+    """Descending ranks dQ by n alone (n - n_min(m)), whatever the grid: folded and unfolded kernels then add the same
+    contributions in the same order, so dQ is bitwise the same; dK/dV (registers vs fp32 atomics in head order) agree
+    within the tolerance rule. gpt-oss's group 8, smaller."""
+    q, k, v, dout, out, lse = _inputs(1, 4096, 4096, 16, 2, d, torch.bfloat16, causal, window_size=window)
+    folded, launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
+    assert launch.gqa_fold
+    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", False)
+    bwd_launch.cache_clear()
+    plain, plain_launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
+    _wait(timeout=60)
+    assert not plain_launch.gqa_fold and plain_launch.schedule == launch.schedule
+    assert torch.equal(folded[0], plain[0])
+    _check(q, k, v, dout, out, folded, causal, window)
+
+
+def test_fold_launch_runs_for_gqa_only():
+    """The one decision (flash_attn_dash.launch): GQA folds, MHA does not; MHA calls run as before."""
+    q, k, v, dout, out, lse = _inputs(1, 512, 512, 4, 4, 64, torch.bfloat16, True)
+    grads, launch = _bwd(dout, q, k, v, out, lse, True, (-1, -1), True, "auto")
+    _wait()
+    assert not launch.gqa_fold
+    _check(q, k, v, dout, out, grads, True)
+
+
+def test_launcher_refuses_a_fold_without_gqa():
+    """The launcher checks the decision: gqa_fold=True on an MHA call is refused by name before any launch."""
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+
+    q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, 64, torch.bfloat16, True)
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    launch = bwd_launch(True, 64, 256, 256, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count, True)
+    with pytest.raises(ValueError, match="gqa_fold needs num_heads != num_heads_k|no GQA-folded kernels"):
+        torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
+                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, True)
+    torch.cuda.synchronize()
+    assert torch.isnan(dq).all()
