@@ -83,3 +83,10 @@ def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1), lear
         err_pt = (p.float() - r).abs().max().item()
         rows.append((name, err, 2 * err_pt + atol))
     return rows
+
+
+def assert_tolerance_rule(q, k, v, dout, out, grads, causal, **features):
+    """Assert :func:`tolerance_rule` holds for every gradient (``features``: its window_size, learnable_sink,
+    softcap)."""
+    for name, err, bound in tolerance_rule(q, k, v, dout, out, grads, causal, **features):
+        assert err <= bound, f"{name}: err {err:.3e} > 2 * pt + atol = {bound:.3e}"

@@ -12,9 +12,10 @@ import numpy as np
 import pytest
 import torch
 
-from grad_rule import tolerance_rule
+from grad_rule import assert_tolerance_rule
 from kernel_head_dims import gpu_head_dims
 from test_bwd_gpu import SCHEDULE_MASK_IDS, SCHEDULE_MASKS, _blocks, _inputs, _trace_buffer, _wait
+from test_window_gpu import _bwd_window, assert_backward_bits_repeat
 
 from flash_attn_dash import features, variants
 from flash_attn_dash.launch import bwd_launch, model_mask
@@ -44,23 +45,12 @@ def gqa_fold_gate_lifted(monkeypatch):
 def _bwd(dout, q, k, v, out, lse, causal, window, deterministic, schedule, sm_margin=0, trace=None):
     """The CUDA backward into NaN-poisoned gradients with the launch flash_attn_dash.launch decides; skips the test
     on a build without the folded kernels (the launcher's refusal names the knob)."""
-    from flash_attn_dash.ops import bwd_into
-
-    kc, kw = features.kernel_window(causal, window, q.shape[1], k.shape[1])
-    grads = [torch.full_like(x, float("nan")) for x in (q, k, v)]
     try:
-        launch = bwd_into(dout, q, k, v, out, lse, *grads, q.shape[-1] ** -0.5, kc, deterministic, schedule,
-                          sm_margin, order_trace=trace, window=kw)
+        return _bwd_window(dout, q, k, v, out, lse, causal, window, deterministic, schedule, sm_margin, trace)
     except ValueError as err:
         if NO_FOLD_BUILD in str(err):
             pytest.skip(f"this build has no GQA-folded kernels: build with {variants.GQA_FOLD_KNOB}=1")
         raise
-    return grads, launch
-
-
-def _check(q, k, v, dout, out, grads, causal, window=(-1, -1)):
-    for name, err, bound in tolerance_rule(q, k, v, dout, out, grads, causal, window_size=window):
-        assert err <= bound, f"{name}: err {err:.3e} > 2 * pt + atol = {bound:.3e}"
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -74,7 +64,7 @@ def test_fold_matches_reference(b, h, hk, sq, sk, schedule, causal, deterministi
     grads, launch = _bwd(dout, q, k, v, out, lse, causal, (-1, -1), deterministic, schedule)
     _wait()
     assert launch.gqa_fold
-    _check(q, k, v, dout, out, grads, causal)
+    assert_tolerance_rule(q, k, v, dout, out, grads, causal)
 
 
 @pytest.mark.parametrize("d", HDIMS)
@@ -89,19 +79,13 @@ def test_fold_window_matches_reference(sq, sk, causal, window, schedule, determi
     grads, launch = _bwd(dout, q, k, v, out, lse, causal, window, deterministic, schedule)
     _wait(timeout=60)
     assert launch.gqa_fold
-    _check(q, k, v, dout, out, grads, causal, window)
+    assert_tolerance_rule(q, k, v, dout, out, grads, causal, window_size=window)
 
 
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))])
 def test_fold_deterministic_bits_repeat(causal, window, d):
-    q, k, v, dout, out, lse = _inputs(2, 3000, 3000, 8, 2, d, torch.bfloat16, causal, window_size=window)
-    first, _ = _bwd(dout, q, k, v, out, lse, causal, window, True, "auto")
-    for _ in range(20):
-        again, _ = _bwd(dout, q, k, v, out, lse, causal, window, True, "auto")
-        for a, b_ in zip(first, again):
-            assert torch.equal(a, b_)
-    _wait()
+    assert_backward_bits_repeat(_bwd, causal, window, d)
 
 
 @pytest.mark.parametrize("d", HDIMS)
@@ -153,7 +137,7 @@ def test_fold_dq_bits_equal_the_unfolded_kernels(monkeypatch, causal, window, d)
     _wait(timeout=60)
     assert not plain_launch.gqa_fold and plain_launch.schedule == launch.schedule
     assert torch.equal(folded[0], plain[0])
-    _check(q, k, v, dout, out, folded, causal, window)
+    assert_tolerance_rule(q, k, v, dout, out, folded, causal, window_size=window)
 
 
 def test_fold_launch_runs_for_gqa_only():
@@ -162,7 +146,7 @@ def test_fold_launch_runs_for_gqa_only():
     grads, launch = _bwd(dout, q, k, v, out, lse, True, (-1, -1), True, "auto")
     _wait()
     assert not launch.gqa_fold
-    _check(q, k, v, dout, out, grads, True)
+    assert_tolerance_rule(q, k, v, dout, out, grads, True)
 
 
 def test_launcher_refuses_a_fold_without_gqa():

@@ -183,6 +183,21 @@ def _line(mask, sq, sk, bm, bn, batch, heads, grid, group, schedule, window=(-1,
             f"{variants.schedule(schedule).id} {window[0]} {window[1]} {int(fold)}\n")
 
 
+def _assert_steps_match(case, plan, body) -> None:
+    """The kernel's step list (``_run``'s rows) equals the model plan's, CTA-major, or in claim order with CTA -1 on
+    the dynamic grid."""
+    assert not isinstance(body, str), (case, body)
+    expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
+    if plan.schedule_used in DYNAMIC:  # claim order (= the dynamic grid's round), CTA unknown (module docstring)
+        expect = expect[np.argsort(plan.step_round, kind="stable")]
+        expect[:, 0] = -1
+    assert body.shape == expect.shape, (case, body.shape, expect.shape)
+    if not np.array_equal(body, expect):
+        bad = int(np.argmax((body != expect).any(axis=1)))
+        raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
+                             f"model {expect[bad].tolist()}")
+
+
 def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, heads_kv: int | None = None,
                  fold: bool = False) -> None:
     """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
@@ -190,16 +205,7 @@ def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, head
     lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window, p.heads_kv, fold)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(exe, lines)):
-        assert not isinstance(body, str), (case, body)
-        expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
-        if plan.schedule_used in DYNAMIC:  # claim order (= the dynamic grid's round), CTA unknown (module docstring)
-            expect = expect[np.argsort(plan.step_round, kind="stable")]
-            expect[:, 0] = -1
-        assert body.shape == expect.shape, (case, body.shape, expect.shape)
-        if not np.array_equal(body, expect):
-            bad = int(np.argmax((body != expect).any(axis=1)))
-            raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
-                                 f"model {expect[bad].tolist()}")
+        _assert_steps_match(case, plan, body)
         # The GPU test compares the trace; the same step list gives the same trace.
         trace = np.full(plan.shape, -1, dtype=np.int32)
         trace[body[:, 1], body[:, 2], body[:, 4], body[:, 5]] = body[:, 3]
@@ -437,16 +443,7 @@ def test_mirror_gqa_fold(mirror_binary, group):
     lines = [_line(*c[:7], p.num_ctas, _group(p, True), p.schedule_used, p.grid.window, heads_kv, fold=True)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(mirror_binary, lines)):
-        assert not isinstance(body, str), (case, body)
-        expect = np.stack([plan.step_cta, plan.step_b, plan.step_h, plan.step_n, plan.step_m, plan.step_rank], axis=1)
-        if plan.schedule_used in DYNAMIC:
-            expect = expect[np.argsort(plan.step_round, kind="stable")]
-            expect[:, 0] = -1
-        assert body.shape == expect.shape, (case, body.shape, expect.shape)
-        if not np.array_equal(body, expect):
-            bad = int(np.argmax((body != expect).any(axis=1)))
-            raise AssertionError(f"{case}: step {bad} (cta, b, h, n, m, rank): kernel {body[bad].tolist()} "
-                                 f"model {expect[bad].tolist()}")
+        _assert_steps_match(case, plan, body)
     for plan in plans[::7]:
         plan.check()
 
