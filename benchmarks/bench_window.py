@@ -6,6 +6,7 @@ Shapes (--case, default all; bf16, batch 1, q/k/v/dO from torch.randn):
   mistral   hdim 128, 32 / 8 heads, causal window 4096 (window_size (4095, 0)), 8k/16k/32k
   causal    the gpt-oss shape without a window or sinks (the issue's target: window 128 at 32k costs <= 5% of this
             backward)
+  llama     hdim 128, 32 / 8 heads, causal (Llama-3-8B's attention): the GQA backward at hdim 128 without a window
 Implementations (--impl): dash (ours, non-deterministic), dash-det (ours, deterministic "auto"), fa4, fa4-det
 (FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable. cuDNN has no sliding
 window in torch's SDPA, so it has no rows here.
@@ -37,6 +38,7 @@ CASES = {
     "gpt-oss": dict(hdim=64, heads=64, heads_k=8, window=(127, 0), sink=True),
     "mistral": dict(hdim=128, heads=32, heads_k=8, window=(4095, 0), sink=False),
     "causal": dict(hdim=64, heads=64, heads_k=8, window=(-1, 0), sink=False),
+    "llama": dict(hdim=128, heads=32, heads_k=8, window=(-1, 0), sink=False),
 }
 SEQLENS = (8192, 16384, 32768)
 IMPLS = ("dash", "dash-det", "fa4", "fa4-det")

@@ -132,6 +132,7 @@ def test_fold_dq_bits_equal_the_unfolded_kernels(monkeypatch, causal, window, d)
     folded, launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
     assert launch.gqa_fold
     monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", False)
+    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)  # a knob-on run reads the knob too
     bwd_launch.cache_clear()
     plain, plain_launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
     _wait(timeout=60)
@@ -158,6 +159,6 @@ def test_launcher_refuses_a_fold_without_gqa():
     launch = bwd_launch(True, 64, 256, 256, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count, True)
     with pytest.raises(ValueError, match="gqa_fold needs num_heads != num_heads_k|no GQA-folded kernels"):
         torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
-                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, True)
+                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, 0.0, True)
     torch.cuda.synchronize()
     assert torch.isnan(dq).all()
