@@ -638,6 +638,8 @@ def collect_metadata(argv: Optional[Sequence[str]] = None) -> dict:
         command=" ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + argv),
         cwd=os.getcwd(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
+        # Build/run knobs (FLASH_DASH_GQA_FOLD, FLASH_DASH_HDIMS, ...) change which kernels run: keep them with the rows.
+        flash_dash_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("FLASH_DASH_")},
     )
     meta.update({f"git_{k}": v for k, v in git_info().items()})
     try:

@@ -24,9 +24,6 @@ from . import variants
 from .launch import CAUSAL_WINDOW, NO_WINDOW, check_schedule, check_schedule_name
 from .schedule.tiles import canonical_window, check_window_size
 
-# Softcap kernels (the full and causal kernels with the tanh compiled in, forward and backward): refused on CUDA
-# tensors until tests/test_softcap_gpu.py passes on a GPU (the tests lift this for themselves).
-SOFTCAP_KERNELS_VALIDATED = False
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
@@ -82,8 +79,8 @@ def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
     ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask). A softcap runs
     on the full and causal kernels, with a sliding window or a learnable sink (``has_sink``) only where the variant
-    table builds that combination (``variants.SOFTCAP_WITH``), and is refused while :data:`SOFTCAP_KERNELS_VALIDATED`
-    is False. The decision reads Python values only, so it is tested on any machine."""
+    table builds that combination (``variants.SOFTCAP_WITH``). The decision reads Python values only, so it is tested
+    on any machine."""
     reasons = []
     if softcap != 0:
         unbuilt = [what for what, present, key in (("a sliding window", sliding_window is not None, "window"),
@@ -91,8 +88,6 @@ def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None
                    if present and key not in variants.SOFTCAP_WITH]
         if unbuilt:
             reasons.append(f"softcap={softcap} with {' and '.join(unbuilt)} (no softcap kernel is built for it)")
-        elif not SOFTCAP_KERNELS_VALIDATED:
-            reasons.append(f"softcap={softcap} (its kernels are built but have not passed their GPU tests yet)")
     if not reasons:
         return None
     return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "

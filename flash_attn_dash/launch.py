@@ -74,10 +74,13 @@ def model_mask(causal: bool, window: tuple[int, int]) -> str:
     return "causal" if window[1] == 0 else "full"
 
 
-def gqa_fold(heads: int, heads_k: int, enabled: bool) -> bool:
-    """The GQA sibling fold's rule: it runs whenever query heads share K/V heads (``heads != heads_k``) and the fold is
-    ``enabled`` (``variants.gqa_fold_enabled()``: validated, or built and run with ``FLASH_DASH_GQA_FOLD=1``)."""
-    return enabled and heads != heads_k
+def gqa_fold(heads: int, heads_k: int, enabled: bool, band_steps: int | None) -> bool:
+    """The GQA sibling fold's rule: it runs where query heads share K/V heads (``heads != heads_k``) on a sliding
+    window whose K/V tiles walk at most ``variants.GQA_FOLD_MAX_BAND_STEPS`` Q tiles (``band_steps``:
+    :meth:`.schedule.tiles.TileGrid.band_steps`, None on full and causal masks), while the fold is ``enabled``
+    (``variants.gqa_fold_enabled()``: validated, or built and run with ``FLASH_DASH_GQA_FOLD=1``)."""
+    return (enabled and heads != heads_k and band_steps is not None
+            and band_steps <= variants.GQA_FOLD_MAX_BAND_STEPS)
 
 
 def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
@@ -108,14 +111,12 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
     On a sliding window (the causal kernels with a window other than the causal mask's) ``auto`` is
     :data:`BAND_SCHEDULE` and non-deterministic backwards walk descending (or symmetric_shift on a causal window that
     removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
-    GQA (``heads != heads_k``) with the fold enabled runs the fold (:func:`gqa_fold`): the orders then walk a grid of
-    ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without a
+    GQA (``heads != heads_k``) on a narrow sliding window with the fold enabled runs the fold (:func:`gqa_fold`): the
+    orders then walk a grid of ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without a
     backward kernel, or ``heads_k`` not dividing ``heads``.
     """
     if not (isinstance(heads_k, int) and heads_k >= 1 and heads % heads_k == 0):
         raise ValueError(f"heads_k must be a positive divisor of heads={heads}, got {heads_k!r}")
-    fold = gqa_fold(heads, heads_k, fold_enabled)
-    grid_heads = batch * (heads_k if fold else heads)
     mask = model_mask(causal, window)
     windowed = window not in (NO_WINDOW, CAUSAL_WINDOW)
     if windowed:
@@ -124,6 +125,8 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
         check_schedule(schedule, causal)
     block_m, block_n = variants.bwd_tile(head_dim)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
+    fold = windowed and gqa_fold(heads, heads_k, fold_enabled, grid.band_steps())
+    grid_heads = batch * (heads_k if fold else heads)
     if deterministic:
         if schedule == "auto":
             wanted = BAND_SCHEDULE if windowed else auto_schedule(mask, head_dim, seqlen_q, seqlen_k)

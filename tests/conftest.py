@@ -19,12 +19,3 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords and not HAS_SM90:
             item.add_marker(skip)
-
-
-@pytest.fixture
-def softcap_kernels(monkeypatch):
-    """Lift the refusal of softcaps on CUDA tensors (features.SOFTCAP_KERNELS_VALIDATED) for tests of the softcap
-    kernels and of what the API does once they run."""
-    from flash_attn_dash import features
-
-    monkeypatch.setattr(features, "SOFTCAP_KERNELS_VALIDATED", True)

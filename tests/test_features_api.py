@@ -451,26 +451,12 @@ def test_kernel_refusal_names_every_unsupported_argument():
         "CPU tensors run the PyTorch reference with every feature.")
     assert features.kernel_refusal(0.0) is None
     assert features.kernel_refusal(0.0, has_sink=True) is None
-    assert "softcap=0.5" in features.kernel_refusal(0.5)
+    assert features.kernel_refusal(0.5) is None
+    assert "softcap=0.5 with a learnable_sink" in features.kernel_refusal(0.5, has_sink=True)
 
 
-SOFTCAP_UNVALIDATED = r"softcap=50.0 \(its kernels are built but have not passed their GPU tests yet\)"
-
-
-def test_softcap_refusal_until_its_kernels_pass_on_a_gpu():
-    """SOFTCAP_KERNELS_VALIDATED is False: every softcap is refused, naming it; the combinations without kernels (a
-    sliding window, a sink) are refused for that reason whatever the gate says."""
-    assert not features.SOFTCAP_KERNELS_VALIDATED
-    assert features.kernel_refusal(50.0) == (
-        "the sm90 kernels do not support softcap=50.0 (its kernels are built but have not passed their GPU tests yet) "
-        "yet. CPU tensors run the PyTorch reference with every feature.")
-    assert "softcap=50.0 with a learnable_sink (no softcap kernel is built for it)" in \
-        features.kernel_refusal(50.0, has_sink=True)
-
-
-@pytest.mark.usefixtures("softcap_kernels")
 def test_softcap_kernels_run_the_full_and_causal_masks_alone():
-    """With the gate lifted: a softcap runs on the full and causal kernels (also where a window is one of those masks
+    """A softcap runs on the full and causal kernels (also where a window is one of those masks
     on the call's shape); with a sliding window or a sink, or both, it is refused, naming the combination."""
     assert features.kernel_refusal(50.0) is None
     for causal, window, sq, sk, kernels in [(False, (-1, -1), 64, 64, (False, (-1, -1))),
@@ -491,9 +477,10 @@ def test_softcap_kernels_run_the_full_and_causal_masks_alone():
     assert features.kernel_mask(True, (-1, -1), 0.0, 64, 64, has_sink=True) == (True, (-1, 0))
 
 
+SOFTCAP_WINDOW_UNBUILT = r"softcap=50.0 with a sliding window \(no softcap kernel is built for it\)"
 REFUSED = [
-    (dict(softcap=50.0), SOFTCAP_UNVALIDATED),
-    (dict(softcap=50.0, causal=True), SOFTCAP_UNVALIDATED),
+    (dict(softcap=50.0, window_size=(3, 0)), SOFTCAP_WINDOW_UNBUILT),
+    (dict(softcap=50.0, causal=True, window_size=(8, 8)), SOFTCAP_WINDOW_UNBUILT),
 ]
 
 
@@ -612,19 +599,20 @@ def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=3.0"):
-            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, softcap=3.0)
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=3.0"):
-            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, softcap=3.0)
+        refused = "the sm90 kernels do not support softcap=3.0 with a sliding window"
+        with pytest.raises(NotImplementedError, match=refused):
+            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, window_size=(3, 0), softcap=3.0)
+        with pytest.raises(NotImplementedError, match=refused):
+            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, window_size=(3, 0),
+                              softcap=3.0)
         vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
-        with pytest.raises(NotImplementedError, match="softcap=3.0"):
-            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), 3.0, None)
+        with pytest.raises(NotImplementedError, match="softcap=3.0 with a sliding window"):
+            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (3, 0), 3.0, None)
     assert cuda_spies == []
 
 
-@pytest.mark.usefixtures("softcap_kernels")
-def test_cuda_tensors_run_softcaps_once_validated():
-    """With the gate lifted every entry point runs a softcap on (fake) CUDA tensors, with the full and causal masks;
+def test_cuda_tensors_run_softcaps():
+    """Every entry point runs a softcap on (fake) CUDA tensors, with the full and causal masks;
     with a sink it is refused at the call, naming both."""
     with FakeTensorMode():
         for name, call in _cuda_entry_points().items():
@@ -635,7 +623,6 @@ def test_cuda_tensors_run_softcaps_once_validated():
                 call(softcap=30.0, learnable_sink=torch.zeros(4, device="cuda"))
 
 
-@pytest.mark.usefixtures("softcap_kernels")
 @pytest.mark.parametrize("causal,window,kernel_causal,kernel_window", [
     (False, (-1, -1), False, (-1, -1)), (True, (-1, -1), True, (-1, 0)), (False, (-1, 0), True, (-1, 0)),
     (True, (500, -1), True, (-1, 0)),
@@ -663,8 +650,7 @@ def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_
         ("varlen_forward", 30.0, window), ("varlen_backward", 30.0, window)]
 
 
-def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies, monkeypatch):
-    monkeypatch.setattr(features, "SOFTCAP_KERNELS_VALIDATED", True)
+def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")

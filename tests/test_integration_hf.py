@@ -533,17 +533,17 @@ def test_sliding_window_in_the_attention_call_is_transformers_mask(window, causa
 
 
 def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_run():
-    """Fake CUDA tensors (metadata only, no GPU): a softcap raises the kernels' NotImplementedError from the call,
-    naming the argument; sinks run, and windows, whether they mask keys or not, dense and packed."""
+    """Fake CUDA tensors (metadata only, no GPU): a softcap with a sink raises the kernels' NotImplementedError from
+    the call, naming both; sinks run, and windows, whether they mask keys or not, dense and packed."""
     layer = torch.nn.Module()
     layer.is_causal = True
     with FakeTensorMode():
         q = torch.empty(1, 4, SEQ, 64, dtype=torch.bfloat16, device="cuda")
         k = torch.empty(1, 2, SEQ, 64, dtype=torch.bfloat16, device="cuda")
-        with pytest.raises(NotImplementedError, match=r"the sm90 kernels do not support softcap=50.0 \(its kernels "
-                                                      r"are built but have not passed their GPU tests yet\)"):
-            hf.attention_forward(layer, q, k, k, None, softcap=50.0)
         sink = torch.empty(4, dtype=torch.bfloat16, device="cuda")
+        with pytest.raises(NotImplementedError, match=r"the sm90 kernels do not support softcap=50.0 with a "
+                                                      r"learnable_sink \(no softcap kernel is built for it\)"):
+            hf.attention_forward(layer, q, k, k, None, softcap=50.0, s_aux=sink)
         assert hf.attention_forward(layer, q, k, k, None, s_aux=sink)[0].shape == (1, SEQ, 4, 64)
         assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ)[0].shape == (1, SEQ, 4, 64)
         assert hf.attention_forward(layer, q, k, k, None, sliding_window=SEQ - 1)[0].shape == (1, SEQ, 4, 64)
@@ -556,9 +556,8 @@ def test_on_cuda_tensors_the_kernels_refusals_propagate_and_windows_run():
         assert out.is_cuda and out.shape == (1, SEQ, 4, 64)
 
 
-@pytest.mark.usefixtures("softcap_kernels")
-def test_on_cuda_tensors_gemma2_softcaps_run_once_their_kernels_are_validated():
-    """With the softcap gate lifted (fake CUDA tensors): Gemma2's softcap runs on the full and causal kernels, also on
+def test_on_cuda_tensors_gemma2_softcaps_run_on_the_softcap_kernels():
+    """On (fake) CUDA tensors Gemma2's softcap runs on the full and causal kernels, also on
     a sliding-window layer whose window masks no key; where the window masks keys it is refused, naming both."""
     layer = torch.nn.Module()
     layer.is_causal = True

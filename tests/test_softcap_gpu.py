@@ -2,8 +2,7 @@
 the backward's dq/dk/dv against the fp32 reference (tests/grad_rule.py's rule, with the softcap), every order each
 mask's kernels instantiate in both modes, the dQ order = the plain kernels' order, bitwise repeats of the
 deterministic backward, rows that see no key, saturated scores, the public functions (dense and varlen) and the
-refusals of the combinations no kernel is built for. GPU only; softcap_kernels lifts the API's refusal
-(features.SOFTCAP_KERNELS_VALIDATED: set it to True once these pass on a GPU)."""
+refusals of the combinations no kernel is built for. GPU only."""
 from __future__ import annotations
 
 import math
@@ -19,7 +18,7 @@ from test_fwd_gpu import _check as _check_fwd
 from flash_attn_dash import flash_attn_func, flash_attn_varlen_func, variants
 from flash_attn_dash.reference import attention_ref
 
-pytestmark = [pytest.mark.gpu, pytest.mark.usefixtures("softcap_kernels")]
+pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
 DTYPES = [torch.bfloat16, torch.float16]

@@ -194,6 +194,15 @@ class TileGrid:
         lo, end = self._row_tiles()
         return end - lo
 
+    def band_steps(self) -> int | None:
+        """An O(1) bound on the steps (visible Q tiles) of any K/V tile when the window bounds both sides (None when a
+        side is unbounded, the full and causal masks included): the rows that see a K/V tile's keys span
+        ``block_n + left + right`` positions, which touch at most ``(span - 1) // block_m + 2`` Q tiles."""
+        left, right = self._bounds()
+        if left is None or right is None:
+            return None
+        return (self.block_n + left + right - 1) // self.block_m + 2
+
     def num_steps_per_head(self) -> int:
         """Number of visited (m, n) tiles of one (batch, head)."""
         return int(self.tile_lengths().sum())

@@ -66,12 +66,12 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
 
 // Launches the main kernel of the call's mask, mode, policy and fold; launch_error has checked that it is
 // instantiated (generated/schedules.h says which policies are; sliding windows and softcaps instantiate their mask's
-// policies; the folded kernels exist where the translation unit was built with FoldBuilt).
+// policies; the folded kernels exist for sliding windows where the translation unit was built with FoldBuilt).
 template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, bool FoldBuilt>
 void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
         using Policy = typename decltype(tag)::type;
-        if constexpr (FoldBuilt) {
+        if constexpr (FoldBuilt && Is_local) {
             if (gqa_fold) {
                 launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, true>(kp, grid, stream);
                 return;
@@ -104,15 +104,20 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
 
 // Why the resolved launch (policy, grid, claim group, GQA fold from flash_attn_dash/launch.py) cannot run this shape,
 // or nullptr: the launcher's check of the Python decision, before anything is launched. `s` is the grid the policies
-// walk (its heads are the K/V heads when folded).
+// walk (its heads are the K/V heads when folded); `local`: a sliding window (the causal kernels with a window other
+// than the causal mask).
 template <class Traits, bool FoldBuilt>
-char const* launch_error(BwdParams const& p, SchedShape const& s) {
+char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
     if (p.gqa_fold && !FoldBuilt) {
         return "flash_dash bwd: gqa_fold=true but this build has no GQA-folded kernels "
                "(build with FLASH_DASH_GQA_FOLD=1)";
     }
     if (p.gqa_fold && p.num_heads == p.num_heads_k) {
         return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
+    }
+    if (p.gqa_fold && !local) {
+        return "flash_dash bwd: gqa_fold runs on sliding windows only (causal=true with a window other than the causal "
+               "mask); full and causal masks have no folded kernels";
     }
     int64_t const units = p.schedule == Schedule::kSymmetricShift ? int64_t(s.batch) * s.heads * (s.num_n / 2)
                                                                    : int64_t(s.batch) * s.heads * s.num_n;
@@ -166,7 +171,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.grid = p.grid; s.causal = p.is_causal;
     s.window_left = p.window_left; s.window_right = p.window_right;
     s.claim_group = p.claim_group;
-    if (char const* why = launch_error<Traits, FoldBuilt>(p, s)) { throw std::invalid_argument(why); }
+    if (char const* why = launch_error<Traits, FoldBuilt>(p, s, local)) { throw std::invalid_argument(why); }
 
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
 
