@@ -4,8 +4,6 @@ The kernels are the variants of flash_attn_dash/variants.py; the knobs (environm
   FLASH_DASH_HDIMS   comma list of head dims to compile (any of the table; default: its default-build entries)
   FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
   FLASH_DASH_PASSES  comma list of passes to compile (default "fwd,bwd"; a subset is for kernel development)
-  FLASH_DASH_GQA_FOLD=1  also compile the GQA-folded backward kernels (variants.GQA_FOLD_VALIDATED turns them on
-                     by default once their GPU tests pass)
   FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
   MAX_JOBS           parallel nvcc jobs (read by torch's ninja builder)
 
@@ -66,13 +64,8 @@ def compile_defines() -> list[str]:
     return [f"-DFLASH_DASH_HAS_{v.name.upper()}" for v in selected_variants()]
 
 
-def gqa_fold_defines() -> list[str]:
-    """-D flag that makes every backward translation unit instantiate the GQA-folded kernels, when enabled."""
-    return [f"-D{variants.GQA_FOLD_KNOB}"] if variants.gqa_fold_enabled() else []
-
-
 def nvcc_flags() -> list[str]:
-    return gqa_fold_defines() + [
+    return [
         "-std=c++17",
         "-O3",
         "-DNDEBUG",  # CUTLASS checks in device code cost a lot of speed

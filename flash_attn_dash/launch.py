@@ -74,35 +74,32 @@ def model_mask(causal: bool, window: tuple[int, int]) -> str:
     return "causal" if window[1] == 0 else "full"
 
 
-def gqa_fold(heads: int, heads_k: int, enabled: bool, band_steps: int | None) -> bool:
+def gqa_fold(heads: int, heads_k: int, band_steps: int | None) -> bool:
     """The GQA sibling fold's rule: it runs where query heads share K/V heads (``heads != heads_k``) on a sliding
     window whose K/V tiles walk at most ``variants.GQA_FOLD_MAX_BAND_STEPS`` Q tiles (``band_steps``:
-    :meth:`.schedule.tiles.TileGrid.band_steps`, None on full and causal masks), while the fold is ``enabled``
-    (``variants.gqa_fold_enabled()``: validated, or built and run with ``FLASH_DASH_GQA_FOLD=1``)."""
-    return (enabled and heads != heads_k and band_steps is not None
-            and band_steps <= variants.GQA_FOLD_MAX_BAND_STEPS)
+    :meth:`.schedule.tiles.TileGrid.band_steps`, None on full and causal masks)."""
+    return heads != heads_k and band_steps is not None and band_steps <= variants.GQA_FOLD_MAX_BAND_STEPS
 
 
 def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
                deterministic: bool, schedule: str = "auto", window: tuple[int, int] = NO_WINDOW,
                heads_k: int | None = None) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs (:func:`_bwd_launch`, cached;
-    ``heads_k`` K/V heads, default ``heads``; whether the GQA sibling fold is enabled is read here)."""
+    ``heads_k`` K/V heads, default ``heads``)."""
     return _bwd_launch(*_launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic,
                                     schedule, window, heads_k))
 
 
 def _launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule="auto",
                 window=NO_WINDOW, heads_k=None) -> tuple:
-    """:func:`_bwd_launch`'s arguments for a :func:`bwd_launch` call: defaults filled in, the fold's gate read."""
+    """:func:`_bwd_launch`'s arguments for a :func:`bwd_launch` call, defaults filled in (one cache entry per call)."""
     return (causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule, tuple(window),
-            heads if heads_k is None else heads_k, variants.gqa_fold_enabled())
+            heads if heads_k is None else heads_k)
 
 
 @lru_cache(maxsize=4096)
 def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-                deterministic: bool, schedule: str, window: tuple[int, int], heads_k: int,
-                fold_enabled: bool) -> BwdLaunch:
+                deterministic: bool, schedule: str, window: tuple[int, int], heads_k: int) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs.
 
     Deterministic: ``schedule`` (``"auto"``: :func:`auto_schedule`) unless its assumptions fail for the shape, then
@@ -111,7 +108,7 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
     On a sliding window (the causal kernels with a window other than the causal mask's) ``auto`` is
     :data:`BAND_SCHEDULE` and non-deterministic backwards walk descending (or symmetric_shift on a causal window that
     removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
-    GQA (``heads != heads_k``) on a narrow sliding window with the fold enabled runs the fold (:func:`gqa_fold`): the
+    GQA (``heads != heads_k``) on a narrow sliding window runs the fold (:func:`gqa_fold`): the
     orders then walk a grid of ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without a
     backward kernel, or ``heads_k`` not dividing ``heads``.
     """
@@ -125,7 +122,7 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
         check_schedule(schedule, causal)
     block_m, block_n = variants.bwd_tile(head_dim)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
-    fold = windowed and gqa_fold(heads, heads_k, fold_enabled, grid.band_steps())
+    fold = windowed and gqa_fold(heads, heads_k, grid.band_steps())
     grid_heads = batch * (heads_k if fold else heads)
     if deterministic:
         if schedule == "auto":

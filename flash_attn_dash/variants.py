@@ -145,24 +145,13 @@ SOFTCAP_COMBINABLE = ("window", "sink")
 
 # GQA sibling fold of the backward (hopper/schedule/sibling_walk.hpp): one tile per (batch, K/V head, K/V tile) runs
 # every query head sharing the K/V head, dK/dV in registers and stored once (no fp32 accumulators, atomics, counters
-# or postprocess). Every backward translation unit instantiates it next to the plain kernels when compiled with
-# -D<GQA_FOLD_KNOB> (build_config.py passes it when the fold is enabled), for sliding windows only; flash_attn_dash.launch
-# runs it for calls with heads != heads_k on a band of at most GQA_FOLD_MAX_BAND_STEPS Q tiles per K/V tile. Why
-# narrow bands only: there a K/V tile's short walk is dominated by its per-tile dK/dV accumulation, which the fold
-# removes; on full and causal masks and wide bands G-times longer, G-times fewer tiles measured slower (deterministic
-# most: the siblings' dQ waits line up behind one tile's walk).
-GQA_FOLD_KNOB = "FLASH_DASH_GQA_FOLD"
-GQA_FOLD_MAX_BAND_STEPS = 8
-GQA_FOLD_VALIDATED = False
-"""Whether the folded kernels passed their GPU tests (tests/test_gqa_fold_gpu.py); until then only builds and runs
-with ``FLASH_DASH_GQA_FOLD=1`` compile and use them, and default builds compile exactly the plain kernels."""
-_GQA_FOLD_KNOB_SET = os.environ.get(GQA_FOLD_KNOB, "").strip() == "1"  # read once: the decision is cached per shape
-
-
-def gqa_fold_enabled() -> bool:
-    """Whether builds compile the GQA-folded backward kernels and GQA backwards run them: once validated, or with the
-    environment knob ``FLASH_DASH_GQA_FOLD=1`` (read at import)."""
-    return GQA_FOLD_VALIDATED or _GQA_FOLD_KNOB_SET
+# or postprocess). Every backward translation unit instantiates it for sliding windows; flash_attn_dash.launch runs it
+# for calls with heads != heads_k on a band of at most GQA_FOLD_MAX_BAND_STEPS Q tiles per K/V tile. Why narrow bands
+# only: there a K/V tile's short walk is dominated by its per-tile dK/dV accumulation, which the fold removes; on full
+# and causal masks and wide bands G-times longer, G-times fewer tiles measured slower (deterministic most: the
+# siblings' dQ waits line up behind one tile's walk). The bound sits where the measured gain ends
+# (research/fold_threshold.py).
+GQA_FOLD_MAX_BAND_STEPS = 20
 
 
 def _check_mask(mask: str) -> None:

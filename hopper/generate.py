@@ -61,16 +61,12 @@ def bwd_unit(v: V.Variant) -> str:
     h, t = v.head, v.head.bwd
     traits = f"bwd::BwdTraits<{ELEMENT[v.dtype]}, {h.qk}, {t.block_m}, {t.block_n}, {t.producer_regs}, {t.mma_regs}>"
     dq_n = h.qk if t.block_m == 128 else h.qk // 2  # 64-row tiles split the dQ GEMM's N over the warpgroups
-    knob = V.GQA_FOLD_KNOB
     return (HEADER + _prologue({t.block_m, h.qk, h.v, dq_n}) + '#include "bwd/launch.h"\n\nnamespace flash_dash {\n\n'
-            f"using Traits_{v.name} = {traits};\n"
-            f"// The GQA-folded kernels (variants.GQA_FOLD_KNOB) exist in builds that define {knob}.\n"
-            f"#ifdef {knob}\nconstexpr bool kGqaFold_{v.name} = true;\n#else\n"
-            f"constexpr bool kGqaFold_{v.name} = false;\n#endif\n\n"
+            f"using Traits_{v.name} = {traits};\n\n"
             f"size_t workspace_{v.name}(BwdParams const& params) {{\n"
             f"    return bwd::workspace_layout<Traits_{v.name}>(params).total;\n}}\n\n"
             f"void run_{v.name}(BwdParams const& params, void* workspace, cudaStream_t stream) {{\n"
-            f"    bwd::run_bwd<Traits_{v.name}, kGqaFold_{v.name}>(params, workspace, stream);\n}}\n\n"
+            f"    bwd::run_bwd<Traits_{v.name}>(params, workspace, stream);\n}}\n\n"
             "}  // namespace flash_dash\n")
 
 

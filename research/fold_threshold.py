@@ -1,9 +1,9 @@
 """Backward time of GQA sliding windows with and without the GQA sibling fold, per window width: where the fold's
 rule (variants.GQA_FOLD_MAX_BAND_STEPS) should stop folding.
 
-    FLASH_DASH_GQA_FOLD=1 python3 research/fold_threshold.py [--seqlen 8192] [--windows 128,256,...] [--iters 20]
+    python3 research/fold_threshold.py [--seqlen 8192] [--windows 128,256,...] [--iters 20]
 
-Needs a build with the folded kernels. Each row: gpt-oss-like hdim 64 (64/8 heads) and Llama-like hdim 128 (32/8
+Each row: gpt-oss-like hdim 64 (64/8 heads) and Llama-like hdim 128 (32/8
 heads), causal window (w-1, 0), deterministic and not; the fold forced on or off by the rule's threshold; median of
 CUDA-event timings of the whole torch.autograd.grad call (benchmarks/common.time_cuda, GPU sleep padding), the two
 settings interleaved per window. Prints one table: band steps (TileGrid.band_steps), ms folded / unfolded, ratio.
@@ -43,7 +43,7 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=20)
     args = p.parse_args()
     print(f"fold threshold probe: seqlen {args.seqlen}, bf16, batch 1, causal windows; GPU "
-          f"{torch.cuda.get_device_name()}; fold knob {variants.gqa_fold_enabled()}")
+          f"{torch.cuda.get_device_name()}")
     print(f"{'shape':8} {'window':>6} {'steps':>5} {'mode':7} {'fold ms':>8} {'plain ms':>8} {'fold/plain':>10}")
     for name, (d, h, hk) in SHAPES.items():
         gen = torch.Generator(device="cuda").manual_seed(0)

@@ -1,7 +1,7 @@
 """One small backward per (head dim, mask, mode, schedule), for compute-sanitizer (not collected by pytest):
     compute-sanitizer --tool racecheck python tests/sanitize_bwd.py
     compute-sanitizer --tool synccheck python tests/sanitize_bwd.py
-With FLASH_DASH_GQA_FOLD=1 (a build with the folded kernels) the GQA cases run the GQA-folded kernels.
+The narrow windows run the GQA-folded kernels (flash_attn_dash.launch.gqa_fold), the wide one the plain window kernels.
 """
 import torch
 
@@ -16,10 +16,12 @@ def main():
     torch.manual_seed(0)
     b, h, hk = 1, 2, 1  # GQA
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
-    # Sliding windows run the causal kernels with the window's bounds: ascending and descending (any band).
+    # Sliding windows run the causal kernels with the window's bounds: ascending and descending (any band); (128, 0) and
+    # (64, 64) fold the GQA siblings, (2600, 0) is wider than the fold's bound at every head dim.
     # Softcaps (the Is_softcap kernels): every order of both masks.
     cases = [(200, 300, False, (-1, -1), 0.0), (200, 300, True, (-1, 0), 0.0), (256, 256, True, (-1, 0), 0.0),
-             (600, 600, True, (128, 0), 0.0), (300, 400, True, (64, 64), 0.0), (200, 300, False, (-1, -1), 30.0),
+             (600, 600, True, (128, 0), 0.0), (300, 400, True, (64, 64), 0.0),
+             (3000, 3000, True, (2600, 0), 0.0), (200, 300, False, (-1, -1), 30.0),
              (200, 300, True, (-1, 0), 5.0), (256, 256, True, (-1, 0), 30.0)]
     for d in gpu_head_dims():
         for sq, sk, causal, window, softcap in cases:

@@ -3,9 +3,6 @@ the K/V head; dK/dV stay in registers and are stored once), which runs on narrow
 (flash_attn_dash.launch.gqa_fold): gradients vs the fp32 reference (tests/grad_rule.py's
 rule), bitwise repeats in deterministic mode, the dQ arrival order = the model's folded plan, dQ bits equal to the
 unfolded kernels' where the ranks do not depend on the grid, and the launch decision. GPU only.
-
-Until ``variants.GQA_FOLD_VALIDATED`` the folded kernels exist only in builds with ``FLASH_DASH_GQA_FOLD=1``; the
-fixture lifts the gate for these tests (``monkeypatch``), and they skip, naming the knob, on a build without them.
 """
 from __future__ import annotations
 
@@ -35,27 +32,9 @@ WINDOWS = [(True, (128, 0)), (False, (64, 64)), (True, (300, -1))]
 WINDOW_IDS = [f"{'causal' if c else 'full'}-{w[0]}_{w[1]}" for c, w in WINDOWS]
 # Every order defined on bands ("shift" is not, in the sm90 kernels), and the non-deterministic walk.
 BAND_ORDERS = [("ascending", True), ("descending", True), ("symmetric_shift", True), ("auto", False)]
-NO_FOLD_BUILD = "no GQA-folded kernels"
 
 
-@pytest.fixture(autouse=True)
-def gqa_fold_gate_lifted(monkeypatch):
-    """The fold's gate lifted for one test; the launch decisions cached under the other setting are dropped."""
-    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
-    bwd_launch.cache_clear()
-    yield
-    bwd_launch.cache_clear()
-
-
-def _bwd(dout, q, k, v, out, lse, causal, window, deterministic, schedule, sm_margin=0, trace=None):
-    """The CUDA backward into NaN-poisoned gradients with the launch flash_attn_dash.launch decides; skips the test
-    on a build without the folded kernels (the launcher's refusal names the knob)."""
-    try:
-        return _bwd_window(dout, q, k, v, out, lse, causal, window, deterministic, schedule, sm_margin, trace)
-    except ValueError as err:
-        if NO_FOLD_BUILD in str(err):
-            pytest.skip(f"this build has no GQA-folded kernels: build with {variants.GQA_FOLD_KNOB}=1")
-        raise
+_bwd = _bwd_window  # the CUDA backward into NaN-poisoned gradients, with the launch flash_attn_dash.launch decides
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
@@ -118,10 +97,10 @@ def test_fold_dq_bits_equal_the_unfolded_kernels(monkeypatch, causal, window, d)
     q, k, v, dout, out, lse = _inputs(1, 4096, 4096, 16, 2, d, torch.bfloat16, causal, window_size=window)
     folded, launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
     assert launch.gqa_fold
-    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", False)
-    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)  # a knob-on run reads the knob too
+    monkeypatch.setattr(variants, "GQA_FOLD_MAX_BAND_STEPS", 0)  # the rule folds nothing
     bwd_launch.cache_clear()
     plain, plain_launch = _bwd(dout, q, k, v, out, lse, causal, window, True, "descending")
+    bwd_launch.cache_clear()
     _wait(timeout=60)
     assert not plain_launch.gqa_fold and plain_launch.schedule == launch.schedule
     assert torch.equal(folded[0], plain[0])
@@ -147,7 +126,7 @@ def test_launcher_refuses_a_fold_without_gqa():
     q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, 64, torch.bfloat16, True)
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     launch = bwd_launch(True, 64, 256, 256, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count, True)
-    with pytest.raises(ValueError, match="gqa_fold needs num_heads != num_heads_k|no GQA-folded kernels"):
+    with pytest.raises(ValueError, match="gqa_fold needs num_heads != num_heads_k"):
         torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
                                           launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, 0.0, True)
     torch.cuda.synchronize()
@@ -162,7 +141,7 @@ def test_launcher_refuses_a_fold_without_a_window():
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     launch = bwd_launch(True, 64, 256, 256, 1, 4, torch.cuda.get_device_properties(0).multi_processor_count, True,
                         heads_k=2)
-    with pytest.raises(ValueError, match="gqa_fold runs on sliding windows only|no GQA-folded kernels"):
+    with pytest.raises(ValueError, match="gqa_fold runs on sliding windows only"):
         torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
                                           launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, 0, 0.0, True)
     torch.cuda.synchronize()

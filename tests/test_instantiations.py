@@ -144,21 +144,3 @@ def test_softcap_kernels_are_the_tables(tmp_path_factory, monkeypatch):
     assert "constexpr bool kSoftcapWithWindow = true;" in after[generate.GENERATED / "features.h"]
     assert features.kernel_refusal(30.0, (64, 0)) is None
     assert "with a learnable_sink" in features.kernel_refusal(30.0, has_sink=True)
-
-
-def test_gqa_fold_is_a_build_knob(monkeypatch):
-    """The folded backward kernels compile only where the build defines variants.GQA_FOLD_KNOB: every backward
-    translation unit carries the guard, default builds (gate closed, knob unset) pass no define."""
-    for v in variants.variants():
-        if v.pass_ == "bwd":
-            text = generate.bwd_unit(v)
-            assert f"#ifdef {variants.GQA_FOLD_KNOB}" in text and f"kGqaFold_{v.name}>" in text
-    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", False)
-    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)
-    assert build_config.gqa_fold_defines() == []
-    assert not any(f.startswith(f"-D{variants.GQA_FOLD_KNOB}") for f in build_config.nvcc_flags())
-    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", True)
-    assert build_config.gqa_fold_defines() == [f"-D{variants.GQA_FOLD_KNOB}"]
-    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)
-    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
-    assert build_config.gqa_fold_defines() == [f"-D{variants.GQA_FOLD_KNOB}"]

@@ -146,24 +146,22 @@ def test_bad_mask():
 @pytest.mark.parametrize("causal,window,heads_k,folds", [
     (True, (127, 0), 8, True),      # gpt-oss: a narrow causal band
     (True, (64, 64), 8, True),      # a narrow two-sided band
+    (True, (511, 0), 8, True),      # 4 to 11 steps per K/V tile
     (True, (127, 0), 64, False),    # MHA: no siblings
     (True, (-1, -1), 8, False),     # the causal mask
     (False, (-1, -1), 8, False),    # the full mask
     (True, (4095, 0), 8, False),    # Mistral: a wide band
     (True, (9000, 0), 8, False),    # a window wider than the sequence: the causal mask
 ])
-def test_gqa_fold_runs_on_narrow_bands_only(monkeypatch, head_dim, causal, window, heads_k, folds):
-    """The fold's rule (launch.gqa_fold, variants.GQA_FOLD_MAX_BAND_STEPS) at 8k with 64 query heads; nothing folds
-    while the fold is disabled. A folded launch walks the K/V heads' grid."""
-    monkeypatch.setattr(variants, "_GQA_FOLD_KNOB_SET", False)
-    for enabled in (False, True):
-        monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", enabled)
-        launch = bwd_launch.__wrapped__(causal, head_dim, 8192, 8192, 1, 64, 132, True, "auto", window, heads_k)
-        assert launch.gqa_fold == (enabled and folds)
-        plan = build_plan("causal" if causal else "full", 8192, 8192, *variants.bwd_tile(head_dim), 1, 64, 132,
-                          launch.schedule, heads_kv=heads_k, claim_heads=launch.claim_group,
-                          window=window if causal else (-1, -1), fold=launch.gqa_fold)
-        assert plan.num_ctas == launch.grid
+def test_gqa_fold_runs_on_narrow_bands_only(head_dim, causal, window, heads_k, folds):
+    """The fold's rule (launch.gqa_fold, variants.GQA_FOLD_MAX_BAND_STEPS) at 8k with 64 query heads. A folded launch
+    walks the K/V heads' grid."""
+    launch = bwd_launch.__wrapped__(causal, head_dim, 8192, 8192, 1, 64, 132, True, "auto", window, heads_k)
+    assert launch.gqa_fold == folds
+    plan = build_plan("causal" if causal else "full", 8192, 8192, *variants.bwd_tile(head_dim), 1, 64, 132,
+                      launch.schedule, heads_kv=heads_k, claim_heads=launch.claim_group,
+                      window=window if causal else (-1, -1), fold=launch.gqa_fold)
+    assert plan.num_ctas == launch.grid
 
 
 def test_band_steps_bounds_every_tile():

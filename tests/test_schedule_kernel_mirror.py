@@ -465,24 +465,20 @@ def test_gqa_fold_ranks_are_the_kv_grids(group):
                 assert np.array_equal(trace[:, s::group][:, :], kv_trace), (mask, schedule, g, s)
 
 
-def test_gqa_fold_launch_decision(monkeypatch):
-    """flash_attn_dash.launch decides the fold in one place: GQA calls fold while it is enabled, MHA never; the grid
-    and claim group are those of the K/V heads' grid, as the model's folded plan has them."""
-    from flash_attn_dash.launch import bwd_launch
-    bwd_launch.cache_clear()
-    assert not bwd_launch(True, 64, 8192, 8192, 1, 64, 132, True, "auto", (128, 0), 8).gqa_fold  # gate closed
-    monkeypatch.setattr(variants, "GQA_FOLD_VALIDATED", True)
-    for causal, window in ((True, (128, 0)), (True, (-1, -1)), (False, (-1, -1))):
+def test_gqa_fold_launch_decision():
+    """flash_attn_dash.launch decides the fold in one place: GQA calls on narrow bands fold, MHA never; the grid and
+    claim group are those of the K/V heads' grid, as the model's folded plan has them (the rule itself:
+    test_schedule_auto.test_gqa_fold_runs_on_narrow_bands_only)."""
+    from flash_attn_dash.launch import bwd_launch, model_mask
+    for window in ((128, 0), (64, 64)):
         for det in (True, False):
-            launch = bwd_launch(causal, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 8)
+            launch = bwd_launch(True, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 8)
             assert launch.gqa_fold
-            mask = "causal" if causal else "full"
-            plan = build_plan(mask, 8192, 8192, 128, 128, 1, 64, 132, launch.schedule, heads_kv=8,
-                              claim_heads=launch.claim_group, window=window, fold=True)
+            plan = build_plan(model_mask(True, window), 8192, 8192, 128, 128, 1, 64, 132, launch.schedule,
+                              heads_kv=8, claim_heads=launch.claim_group, window=window, fold=True)
             assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
             if launch.schedule in DYNAMIC and det:
                 assert launch.claim_group == _group(plan, True)
-            assert not bwd_launch(causal, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 64).gqa_fold
+            assert not bwd_launch(True, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 64).gqa_fold
     with pytest.raises(ValueError, match="heads_k"):
         bwd_launch(True, 64, 1024, 1024, 1, 6, 132, True, "auto", (-1, -1), 4)
-    bwd_launch.cache_clear()

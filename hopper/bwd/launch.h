@@ -66,12 +66,12 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
 
 // Launches the main kernel of the call's mask, mode, policy and fold; launch_error has checked that it is
 // instantiated (generated/schedules.h says which policies are; sliding windows and softcaps instantiate their mask's
-// policies; the folded kernels exist for sliding windows where the translation unit was built with FoldBuilt).
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, bool FoldBuilt>
+// policies; the GQA-folded kernels exist for sliding windows).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic>
 void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
         using Policy = typename decltype(tag)::type;
-        if constexpr (FoldBuilt && Is_local) {
+        if constexpr (Is_local) {
             if (gqa_fold) {
                 launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, true>(kp, grid, stream);
                 return;
@@ -82,13 +82,12 @@ void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const
 }
 
 // The main kernel of the call's mode for one mask.
-template <class Traits, bool FoldBuilt, bool Is_causal, bool Is_local, bool Is_softcap>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap>
 void launch_mode(BwdParams const& p, BwdKernelParams<Traits> const& kp, cudaStream_t stream) {
     if (p.deterministic) {
-        launch_policy<Traits, Is_causal, Is_local, Is_softcap, true, FoldBuilt>(p.schedule, p.gqa_fold, kp, p.grid, stream);
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, true>(p.schedule, p.gqa_fold, kp, p.grid, stream);
     } else {
-        launch_policy<Traits, Is_causal, Is_local, Is_softcap, false, FoldBuilt>(p.schedule, p.gqa_fold, kp, p.grid,
-                                                                                  stream);
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, false>(p.schedule, p.gqa_fold, kp, p.grid, stream);
     }
 }
 
@@ -106,12 +105,8 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
 // or nullptr: the launcher's check of the Python decision, before anything is launched. `s` is the grid the policies
 // walk (its heads are the K/V heads when folded); `local`: a sliding window (the causal kernels with a window other
 // than the causal mask).
-template <class Traits, bool FoldBuilt>
+template <class Traits>
 char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
-    if (p.gqa_fold && !FoldBuilt) {
-        return "flash_dash bwd: gqa_fold=true but this build has no GQA-folded kernels "
-               "(build with FLASH_DASH_GQA_FOLD=1)";
-    }
     if (p.gqa_fold && p.num_heads == p.num_heads_k) {
         return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
     }
@@ -143,8 +138,7 @@ char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
     return why;
 }
 
-// FoldBuilt: the translation unit also instantiates the GQA-folded kernels (variants.GQA_FOLD_KNOB).
-template <class Traits, bool FoldBuilt>
+template <class Traits>
 void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
@@ -171,7 +165,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.grid = p.grid; s.causal = p.is_causal;
     s.window_left = p.window_left; s.window_right = p.window_right;
     s.claim_group = p.claim_group;
-    if (char const* why = launch_error<Traits, FoldBuilt>(p, s, local)) { throw std::invalid_argument(why); }
+    if (char const* why = launch_error<Traits>(p, s, local)) { throw std::invalid_argument(why); }
 
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
 
@@ -222,18 +216,18 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     // softcap_error above: a softcap with a sliding window only where the variant table builds it.
     if (p.softcap > 0.f) {
         if (local) {
-            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, FoldBuilt, true, true, true>(p, kp, stream); }
+            if constexpr (kSoftcapWithWindow) { launch_mode<Traits, true, true, true>(p, kp, stream); }
         } else if (p.is_causal) {
-            launch_mode<Traits, FoldBuilt, true, false, true>(p, kp, stream);
+            launch_mode<Traits, true, false, true>(p, kp, stream);
         } else {
-            launch_mode<Traits, FoldBuilt, false, false, true>(p, kp, stream);
+            launch_mode<Traits, false, false, true>(p, kp, stream);
         }
     } else if (local) {
-        launch_mode<Traits, FoldBuilt, true, true, false>(p, kp, stream);
+        launch_mode<Traits, true, true, false>(p, kp, stream);
     } else if (p.is_causal) {
-        launch_mode<Traits, FoldBuilt, true, false, false>(p, kp, stream);
+        launch_mode<Traits, true, false, false>(p, kp, stream);
     } else {
-        launch_mode<Traits, FoldBuilt, false, false, false>(p, kp, stream);
+        launch_mode<Traits, false, false, false>(p, kp, stream);
     }
 
     PostprocessParams post{};

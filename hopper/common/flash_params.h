@@ -41,7 +41,7 @@ struct BwdParams : FwdParams {
     bool deterministic;
     // The resolved launch (flash_attn_dash/launch.py decides it, the launcher checks it): the policy that runs,
     // its persistent grid size and, on the dynamic grid, the heads per claim group; gqa_fold: one tile per K/V head
-    // runs every query head sharing it (schedule/sibling_walk.hpp; kernels built with FLASH_DASH_GQA_FOLD only).
+    // runs every query head sharing it (schedule/sibling_walk.hpp; sliding windows only).
     Schedule schedule;
     int grid;
     int claim_group;

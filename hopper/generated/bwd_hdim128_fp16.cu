@@ -4,19 +4,13 @@
 namespace flash_dash {
 
 using Traits_bwd_hdim128_fp16 = bwd::BwdTraits<cutlass::half_t, 128, 64, 128, 40, 232>;
-// The GQA-folded kernels (variants.GQA_FOLD_KNOB) exist in builds that define FLASH_DASH_GQA_FOLD.
-#ifdef FLASH_DASH_GQA_FOLD
-constexpr bool kGqaFold_bwd_hdim128_fp16 = true;
-#else
-constexpr bool kGqaFold_bwd_hdim128_fp16 = false;
-#endif
 
 size_t workspace_bwd_hdim128_fp16(BwdParams const& params) {
     return bwd::workspace_layout<Traits_bwd_hdim128_fp16>(params).total;
 }
 
 void run_bwd_hdim128_fp16(BwdParams const& params, void* workspace, cudaStream_t stream) {
-    bwd::run_bwd<Traits_bwd_hdim128_fp16, kGqaFold_bwd_hdim128_fp16>(params, workspace, stream);
+    bwd::run_bwd<Traits_bwd_hdim128_fp16>(params, workspace, stream);
 }
 
 }  // namespace flash_dash
