@@ -109,6 +109,15 @@ void check_lse(const at::Tensor& lse, const at::Tensor& q) {
                 "lse must have shape (batch, heads, seqlen_q)");
 }
 
+// A (heads,) fp32 vector on q's device (the learnable sink and its gradient), checked before any launch.
+float* heads_vector(const at::Tensor& t, const char* name, const at::Tensor& q) {
+    TORCH_CHECK_VALUE(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kFloat && t.is_contiguous() &&
+                          t.dim() == 1 && t.size(0) == q.size(2),
+                      name, " must be a contiguous fp32 tensor of shape (heads,) = (", num(q.size(2)),
+                      ",) on q's device");
+    return t.data_ptr<float>();
+}
+
 void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
              double softmax_scale, bool causal, int64_t sm_margin, int64_t window_left, int64_t window_right,
              const c10::optional<at::Tensor>& sink, double softcap) {
@@ -116,11 +125,7 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     FwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
     if (sink.has_value()) {
-        TORCH_CHECK_VALUE(sink->is_cuda() && sink->device() == q.device() && sink->scalar_type() == at::kFloat &&
-                              sink->is_contiguous() && sink->dim() == 1 && sink->size(0) == q.size(2),
-                          "sink must be a contiguous fp32 tensor of shape (heads,) = (", num(q.size(2)),
-                          ",) on q's device");
-        p.sink = sink->data_ptr<float>();
+        p.sink = heads_vector(*sink, "sink", q);
     }
     check_output(out, "out", q);
     check_lse(lse, q);
@@ -136,7 +141,7 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
              int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
              const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap,
-             bool gqa_fold) {
+             bool gqa_fold, const c10::optional<at::Tensor>& sink, const c10::optional<at::Tensor>& dsink) {
     c10::cuda::CUDAGuard guard(q.device());
     BwdParams p{};
     set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
@@ -168,6 +173,12 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     p.grid = static_cast<int>(grid);
     p.claim_group = static_cast<int>(claim_group);
     p.gqa_fold = gqa_fold;  // the launcher checks it against the build and the heads
+    TORCH_CHECK_VALUE(sink.has_value() == dsink.has_value(), "sink and dsink must be given together (the sink's "
+                      "gradient is computed from the sink)");
+    if (sink.has_value()) {
+        p.sink = heads_vector(*sink, "sink", q);
+        p.dsink = heads_vector(*dsink, "dsink", q);
+    }
     p.order_trace = static_cast<int*>(debug_buffer(order_trace, at::kInt, 0, q,
         "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)"));
     p.timeline = static_cast<long long*>(debug_buffer(timeline, at::kLong, 5, q,

@@ -141,17 +141,6 @@ def sink_grad_buffer(learnable_sink: torch.Tensor | None, like: torch.Tensor) ->
     return torch.zeros(size, dtype=torch.float32, device=like.device)
 
 
-def sink_grad_from_lse(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       learnable_sink: torch.Tensor) -> torch.Tensor:
-    """The sink's gradient (heads,) fp32 from a forward's ``out`` and ``lse`` (which includes the sink): every row's
-    output is scaled by 1 - p_sink, so dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * rowsum(dout * out).
-    The kernels' dq/dk/dv need no change (their P = exp(S - lse) already carries the sink). Torch's reductions add in a
-    fixed order, so the result is the same bits run to run."""
-    dpsum = (dout.float() * out.float()).sum(-1)  # (b, sq, h)
-    p_sink = torch.exp(learnable_sink.float()[None, :, None] - lse)  # (b, h, sq)
-    return -(p_sink * dpsum.transpose(1, 2)).sum(dim=(0, 2))
-
-
 def sink_grad(dsink: torch.Tensor, learnable_sink: torch.Tensor | None) -> torch.Tensor | None:
     """What an autograd backward returns for ``learnable_sink``: None without a sink, else the ops' fp32 ``dsink`` in
     the sink's dtype (as FlashAttention-4 returns it)."""

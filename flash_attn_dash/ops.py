@@ -31,7 +31,7 @@ torch.library.define(
     "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!)? order_trace, float softmax_scale, bool causal, bool deterministic, "
     "int schedule, int grid, int claim_group, int sm_margin, Tensor(e!)? timeline=None, int window_left=-1, "
-    "int window_right=-1, float softcap=0.0, bool gqa_fold=False) -> ()",
+    "int window_right=-1, float softcap=0.0, bool gqa_fold=False, Tensor? sink=None, Tensor(f!)? dsink=None) -> ()",
 )
 
 
@@ -60,15 +60,19 @@ def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
              lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, softmax_scale: float,
              causal: bool, deterministic: bool, schedule: str, sm_margin: int = 0,
              order_trace: torch.Tensor | None = None, timeline: torch.Tensor | None = None,
-             window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> BwdLaunch:
+             window: tuple[int, int] = (-1, -1), softcap: float = 0.0, learnable_sink: torch.Tensor | None = None,
+             dsink: torch.Tensor | None = None) -> BwdLaunch:
     """Run the CUDA backward into ``dq``/``dk``/``dv`` (and the optional debug buffers); returns the launch used.
     ``causal``, ``window``: the kernels' (:func:`.features.kernel_window`); ``softcap``: 0 or the forward's cap (the
-    softcap kernels run the same order as the plain ones)."""
+    softcap kernels run the same order as the plain ones); ``learnable_sink`` with ``dsink`` ((heads,) fp32): the
+    sink's gradient summed over batch and rows, from the backward preprocess's row sums (a fixed-order reduction)."""
     num_sms = checks.check_sm_margin(sm_margin, q.device)
     launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window)
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
-                                      timeline, *window, softcap, launch.gqa_fold)
+                                      timeline, *window, softcap, launch.gqa_fold,
+                                      None if learnable_sink is None else learnable_sink.float().contiguous(),
+                                      None if learnable_sink is None else dsink)
     return launch
 
 
@@ -160,10 +164,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         for grad in (dq, dk, dv):
             grad.zero_()
         return
+    sink = learnable_sink if dsink is not None else None
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
-             window=window, softcap=softcap)
-    if learnable_sink is not None and dsink is not None:
-        dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
+             window=window, softcap=softcap, learnable_sink=sink, dsink=dsink)
 
 
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())

@@ -1,7 +1,7 @@
 """Learnable sinks (gpt-oss) on the sm90 kernels: the forward's sink finalize (out and lse against the fp32 reference,
 rows that see no key give out = 0 and lse = sink), the backward's dq/dk/dv (tests/grad_rule.py's rule, with the sink)
-and dsink against the reference, alone and with sliding windows, bitwise repeats of the deterministic backward. GPU
-only."""
+and dsink (the sink-gradient kernel) against the reference, alone and with sliding windows, bitwise repeats of the
+deterministic backward, the binding's refusals of a bad sink/dsink pair. GPU only."""
 from __future__ import annotations
 
 import math
@@ -89,3 +89,30 @@ def test_deterministic_sink_bits_repeat(d):
         runs.append(torch.autograd.grad(out, leaves, dout))
     for run in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], run))
+
+
+@pytest.mark.parametrize("sink_arg,dsink_arg,match", [
+    ("fp32", None, "sink and dsink must be given together"),
+    (None, "fp32", "sink and dsink must be given together"),
+    ("fp32", "short", r"dsink must be a contiguous fp32 tensor of shape \(heads,\) = \(4,\)"),
+    ("bf16", "fp32", r"sink must be a contiguous fp32 tensor of shape \(heads,\) = \(4,\)"),
+])
+def test_the_binding_refuses_a_bad_sink_gradient_before_any_launch(sink_arg, dsink_arg, match):
+    """bwd_out's sink/dsink pair (hopper/bwd/sink_grad.hpp computes dsink): both or neither, (heads,) fp32 on q's
+    device; a refusal leaves the NaN-poisoned gradients untouched."""
+    import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
+    from flash_attn_dash.launch import bwd_launch
+
+    q, k, v, dout, _ = _problem(1, 256, 256, 4, 2, 64, torch.bfloat16)
+    out, lse = torch.zeros_like(q), torch.zeros(1, 4, 256, device="cuda")
+    tensors = {None: None, "fp32": torch.zeros(4, device="cuda"), "short": torch.zeros(3, device="cuda"),
+               "bf16": torch.zeros(4, device="cuda", dtype=torch.bfloat16)}
+    dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
+    launch = bwd_launch(True, 64, 256, 256, 1, 4, torch.cuda.get_device_properties(0).multi_processor_count, True,
+                        heads_k=2)
+    with pytest.raises(ValueError, match=match):
+        torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
+                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, 0, 0.0,
+                                          launch.gqa_fold, tensors[sink_arg], tensors[dsink_arg])
+    torch.cuda.synchronize()
+    assert torch.isnan(dq).all() and torch.isnan(dk).all()

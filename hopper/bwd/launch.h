@@ -9,6 +9,7 @@
 #include "bwd/kernel.h"
 #include "bwd/postprocess.hpp"
 #include "bwd/preprocess.hpp"
+#include "bwd/sink_grad.hpp"
 #include "common/flash_params.h"
 #include "common/launch_utils.h"
 #include "common/softcap.hpp"
@@ -147,7 +148,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     }
     if (char const* why = mask_mismatch(p.schedule, p.is_causal)) { throw std::invalid_argument(why); }
     bool const local = p.is_causal && is_sliding_window(p.window_left, p.window_right);
-    if (char const* why = softcap_error(p.softcap, local, /*sink=*/false)) { throw std::invalid_argument(why); }
+    if (char const* why = softcap_error(p.softcap, local, p.sink != nullptr)) { throw std::invalid_argument(why); }
     if (p.head_dim != kHeadDim) { throw std::invalid_argument("flash_dash bwd: head_dim mismatch"); }
     if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
         throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
@@ -180,6 +181,15 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.tile_counter = reinterpret_cast<int*>(ws + w.tile_counter);
     bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads, 0, stream>>>(pre);
     check_launch("preprocess launch");
+    if (p.dsink != nullptr) {
+        SinkGradParams sg{};
+        sg.sink = p.sink; sg.lse = p.lse; sg.dpsum = pre.dpsum; sg.dsink = p.dsink;
+        sg.batch = p.batch; sg.heads = p.num_heads; sg.seqlen_q = p.seqlen_q;
+        sg.padded_rows = int64_t(M) * kBlockM;
+        constexpr int kSinkGradThreads = 256;
+        bwd_sink_grad_kernel<kSinkGradThreads><<<p.num_heads, kSinkGradThreads, 0, stream>>>(sg);
+        check_launch("sink gradient launch");
+    }
 
     using KP = BwdKernelParams<Traits>;
     KP kp{};

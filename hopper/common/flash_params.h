@@ -28,7 +28,7 @@ struct FwdParams {
     // The band of the causal kernels: row i sees keys [i + sk - sq - window_left, i + sk - sq + window_right]
     // (both >= 0; the causal mask is (kUnboundedWindow, 0)). Ignored by the full-mask kernels.
     int window_left, window_right;
-    const float* sink;  // (heads,) fp32 learnable sink logits (gpt-oss), or nullptr; forward only (lse includes it)
+    const float* sink;  // (heads,) fp32 learnable sink logits (gpt-oss), or nullptr (lse includes it)
     int num_sms;     // CTAs the persistent grid may use: SM count - sm_margin
 };
 
@@ -39,6 +39,7 @@ struct BwdParams : FwdParams {
     void* dv;          // (b, sk, h_k, d)
     TensorStrides do_stride, dq_stride, dk_stride, dv_stride;
     bool deterministic;
+    float* dsink;      // (heads,) fp32: the sink's gradient (bwd/sink_grad.hpp) where `sink` is set, else nullptr
     // The resolved launch (flash_attn_dash/launch.py decides it, the launcher checks it): the policy that runs,
     // its persistent grid size and, on the dynamic grid, the heads per claim group; gqa_fold: one tile per K/V head
     // runs every query head sharing it (schedule/sibling_walk.hpp; sliding windows only).

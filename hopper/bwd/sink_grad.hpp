@@ -1,0 +1,43 @@
+// The learnable sink's gradient: every row's output is scaled by 1 - p_sink with p_sink = exp(sink[h] - lse), so
+// dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * dPsum, from the preprocess's fp32 dPsum. One CTA per
+// head; rows are dealt to threads in a fixed order and reduced by a fixed tree, so the bits repeat run to run.
+#pragma once
+#include <cutlass/cutlass.h>
+#include <cstdint>
+
+namespace flash_dash {
+namespace bwd {
+
+struct SinkGradParams {
+    float const* sink;   // (heads,) logits
+    float const* lse;    // (b, h, sq) contiguous, natural log, includes the sink
+    float const* dpsum;  // (b, h, rows) with rows = padded_rows (the preprocess's layout)
+    float* dsink;        // (heads,)
+    int batch, heads, seqlen_q;
+    int64_t padded_rows;
+};
+
+template <int kThreads>
+__global__ void __launch_bounds__(kThreads) bwd_sink_grad_kernel(SinkGradParams const p) {
+    static_assert((kThreads & (kThreads - 1)) == 0, "the tree reduction halves a power of two");
+    __shared__ float partial[kThreads];
+    int const h = blockIdx.x;
+    float const sink = p.sink[h];
+    float acc = 0.f;
+    for (int b = 0; b < p.batch; ++b) {
+        int64_t const bh = int64_t(b) * p.heads + h;
+        float const* lse = p.lse + bh * p.seqlen_q;
+        float const* dpsum = p.dpsum + bh * p.padded_rows;
+        for (int r = threadIdx.x; r < p.seqlen_q; r += kThreads) { acc += expf(sink - lse[r]) * dpsum[r]; }
+    }
+    partial[threadIdx.x] = acc;
+    __syncthreads();
+    for (int width = kThreads / 2; width > 0; width /= 2) {
+        if (threadIdx.x < width) { partial[threadIdx.x] += partial[threadIdx.x + width]; }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) { p.dsink[h] = -partial[0]; }
+}
+
+}  // namespace bwd
+}  // namespace flash_dash
