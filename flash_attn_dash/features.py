@@ -26,6 +26,9 @@ from .schedule.tiles import canonical_window, check_window_size
 
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# The sink's gradient from the backward preprocess's row sums in one kernel (hopper/bwd/sink_grad.hpp): until it has
+# passed tests/test_sink_gpu.py on a GPU, CUDA backwards compute it with torch reductions (sink_grad_from_lse).
+SINK_GRAD_KERNEL_VALIDATED = False
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
 
 
@@ -139,6 +142,17 @@ def sink_grad_buffer(learnable_sink: torch.Tensor | None, like: torch.Tensor) ->
     None-ness)."""
     size = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.zeros(size, dtype=torch.float32, device=like.device)
+
+
+def sink_grad_from_lse(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       learnable_sink: torch.Tensor) -> torch.Tensor:
+    """The sink's gradient (heads,) fp32 from a forward's ``out`` and ``lse`` (which includes the sink): every row's
+    output is scaled by 1 - p_sink, so dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * rowsum(dout * out).
+    The kernels' dq/dk/dv need no change (their P = exp(S - lse) already carries the sink). Torch's reductions add in a
+    fixed order, so the result is the same bits run to run."""
+    dpsum = (dout.float() * out.float()).sum(-1)  # (b, sq, h)
+    p_sink = torch.exp(learnable_sink.float()[None, :, None] - lse)  # (b, h, sq)
+    return -(p_sink * dpsum.transpose(1, 2)).sum(dim=(0, 2))
 
 
 def sink_grad(dsink: torch.Tensor, learnable_sink: torch.Tensor | None) -> torch.Tensor | None:

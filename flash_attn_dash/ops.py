@@ -164,9 +164,12 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         for grad in (dq, dk, dv):
             grad.zero_()
         return
-    sink = learnable_sink if dsink is not None else None
+    kernel_sink = learnable_sink is not None and dsink is not None and features.SINK_GRAD_KERNEL_VALIDATED
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
-             window=window, softcap=softcap, learnable_sink=sink, dsink=dsink)
+             window=window, softcap=softcap, learnable_sink=learnable_sink if kernel_sink else None,
+             dsink=dsink if kernel_sink else None)
+    if learnable_sink is not None and dsink is not None and not kernel_sink:
+        dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
 
 
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())

@@ -586,7 +586,8 @@ def test_windows_that_are_a_mask_launch_exactly_the_plain_call(cuda_spies, causa
     kernel_window = (-1, 0) if plain_causal else (-1, -1)
     assert [c for c in plain if c != "checked"][:2] == [
         ("fwd_out", (0.125, plain_causal, 0, *kernel_window, None, 0.0)),
-        ("bwd_into", (0.125, plain_causal, True, "auto", 0), {"window": kernel_window, "softcap": 0.0}),
+        ("bwd_into", (0.125, plain_causal, True, "auto", 0),
+         {"window": kernel_window, "softcap": 0.0, "learnable_sink": None, "dsink": None}),
     ]
     # The varlen path hands each sequence the call's own (causal, window_size), as flash_attn_func would get them for
     # that sequence alone; on these 64-token sequences they pick the plain call's kernels.
@@ -643,7 +644,8 @@ def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_
     launches = [c for c in cuda_spies if c != "checked"]
     assert launches[:2] == [
         ("fwd_out", (0.125, kernel_causal, 0, *kernel_window, None, 30.0)),
-        ("bwd_into", (0.125, kernel_causal, False, "auto", 0), {"window": kernel_window, "softcap": 30.0}),
+        ("bwd_into", (0.125, kernel_causal, False, "auto", 0), {"window": kernel_window, "softcap": 30.0,
+                                                               "learnable_sink": None, "dsink": None}),
     ]
     varlen = [c for c in launches if c[0].startswith("varlen")]
     assert [(c[0], c[2]["softcap"], c[2]["window_size"]) for c in varlen] == [
@@ -664,3 +666,26 @@ def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies):
         with pytest.raises(NotImplementedError, match="softcap=3.0 with a learnable_sink"):
             varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (-1, -1), 3.0, sink)
     assert cuda_spies == []
+
+
+def test_a_validated_sink_gradient_kernel_gets_the_sink_and_its_buffer(cuda_spies, monkeypatch):
+    """With features.SINK_GRAD_KERNEL_VALIDATED, ops.backward_into hands the backward launch the sink and the dsink
+    buffer and runs no torch reduction (features.sink_grad_from_lse); without it the launch gets neither (the
+    fallback's torch reduction is covered on the GPU, tests/test_sink_gpu.py's "torch" cases)."""
+    torch_path = []
+    monkeypatch.setattr(features, "sink_grad_from_lse", lambda *args: torch_path.append(args))
+    for kernel in (True, False):
+        monkeypatch.setattr(features, "SINK_GRAD_KERNEL_VALIDATED", kernel)
+        cuda_spies.clear()
+        with FakeTensorMode():
+            q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
+            lse = torch.empty(2, 4, 64, device="cuda")
+            sink, dsink = torch.empty(4, device="cuda"), torch.zeros(4, device="cuda")
+            try:
+                ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, True, True, "auto", 0, learnable_sink=sink,
+                                  dsink=dsink)
+            except TypeError:  # the fallback copies the spy's None into dsink: reached only without the kernel
+                assert not kernel
+        (call,) = [c for c in cuda_spies if c != "checked"]
+        assert (call[2]["learnable_sink"] is sink, call[2]["dsink"] is dsink) == (kernel, kernel)
+        assert len(torch_path) == (0 if kernel else 1)
