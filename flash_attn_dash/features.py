@@ -29,6 +29,9 @@ KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # The sink's gradient from the backward preprocess's row sums in one kernel (hopper/bwd/sink_grad.hpp): until it has
 # passed tests/test_sink_gpu.py on a GPU, CUDA backwards compute it with torch reductions (sink_grad_from_lse).
 SINK_GRAD_KERNEL_VALIDATED = False
+# The softcap combinations of variants.SOFTCAP_WITH whose kernels passed their GPU tests (tests/test_softcap_gpu.py);
+# CUDA tensors refuse the others until then (the tests lift this for themselves).
+SOFTCAP_WITH_VALIDATED: tuple[str, ...] = ()
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
 
 
@@ -82,15 +85,19 @@ def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
     ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask). A softcap runs
     on the full and causal kernels, with a sliding window or a learnable sink (``has_sink``) only where the variant
-    table builds that combination (``variants.SOFTCAP_WITH``). The decision reads Python values only, so it is tested
-    on any machine."""
+    table builds that combination (``variants.SOFTCAP_WITH``) and its kernels passed their GPU tests
+    (:data:`SOFTCAP_WITH_VALIDATED`). The decision reads Python values only, so it is tested on any machine."""
     reasons = []
     if softcap != 0:
-        unbuilt = [what for what, present, key in (("a sliding window", sliding_window is not None, "window"),
-                                                   ("a learnable_sink", has_sink, "sink"))
-                   if present and key not in variants.SOFTCAP_WITH]
+        present = [(what, key) for what, here, key in (("a sliding window", sliding_window is not None, "window"),
+                                                       ("a learnable_sink", has_sink, "sink")) if here]
+        unbuilt = [what for what, key in present if key not in variants.SOFTCAP_WITH]
+        untested = [what for what, key in present if key in variants.SOFTCAP_WITH and key not in SOFTCAP_WITH_VALIDATED]
         if unbuilt:
             reasons.append(f"softcap={softcap} with {' and '.join(unbuilt)} (no softcap kernel is built for it)")
+        elif untested:
+            reasons.append(f"softcap={softcap} with {' and '.join(untested)} (its kernels are built but have not "
+                           "passed their GPU tests yet)")
     if not reasons:
         return None
     return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "

@@ -140,7 +140,7 @@ SCHEDULE_NAMES: tuple[str, ...] = tuple(s.name for s in SCHEDULES)
 # features they also combine with, of ("window", "sink"): a sliding window would add one forward and five backward
 # kernels per translation unit, a sink one or two forward kernels (the backward needs none). The launchers instantiate
 # exactly these (hopper/generated/features.h) and the API refuses the others (features.kernel_refusal).
-SOFTCAP_WITH: tuple[str, ...] = ()
+SOFTCAP_WITH: tuple[str, ...] = ("window",)
 SOFTCAP_COMBINABLE = ("window", "sink")
 
 # GQA sibling fold of the backward (hopper/schedule/sibling_walk.hpp): one tile per (batch, K/V head, K/V tile) runs

@@ -18,11 +18,11 @@ def main():
     # (200, 300): ragged tiles, static grid; (256, 256) causal: symmetric_shift's pair grid (both modes).
     # Sliding windows run the causal kernels with the window's bounds: ascending and descending (any band); (128, 0) and
     # (64, 64) fold the GQA siblings, (2600, 0) is wider than the fold's bound at every head dim.
-    # Softcaps (the Is_softcap kernels): every order of both masks.
+    # Softcaps (the Is_softcap kernels): every order of both masks, and a band (variants.SOFTCAP_WITH).
     cases = [(200, 300, False, (-1, -1), 0.0), (200, 300, True, (-1, 0), 0.0), (256, 256, True, (-1, 0), 0.0),
              (600, 600, True, (128, 0), 0.0), (300, 400, True, (64, 64), 0.0),
              (3000, 3000, True, (2600, 0), 0.0), (200, 300, False, (-1, -1), 30.0),
-             (200, 300, True, (-1, 0), 5.0), (256, 256, True, (-1, 0), 30.0)]
+             (200, 300, True, (-1, 0), 5.0), (256, 256, True, (-1, 0), 30.0), (600, 600, True, (128, 0), 30.0)]
     for d in gpu_head_dims():
         for sq, sk, causal, window, softcap in cases:
             mask = "causal" if causal else "full"

@@ -16,12 +16,14 @@ def main():
     # (300, 517): ragged tiles; (520, 130) causal: tiles without a visible key between tiles with keys.
     # A 2-CTA grid makes each CTA run many tiles back to back (the cross-tile step and O store reuse).
     # Sliding windows (the causal kernels with the window's bounds): a causal band and a two-sided one.
-    # Then two with a learnable sink (the kSink kernels' finalize) and three with a softcap (the kSoftcap kernels).
+    # Then two with a learnable sink (the kSink kernels' finalize) and four with a softcap (the kSoftcap kernels; the
+    # last on a band, variants.SOFTCAP_WITH).
     cases = [(300, 517, False, (-1, -1), False, 0.0), (300, 517, True, (-1, 0), False, 0.0),
              (520, 130, True, (-1, 0), False, 0.0), (700, 700, True, (128, 0), False, 0.0),
              (300, 517, True, (64, 64), False, 0.0), (520, 130, True, (-1, 0), True, 0.0),
              (700, 700, True, (128, 0), True, 0.0), (300, 517, False, (-1, -1), False, 30.0),
-             (300, 517, True, (-1, 0), False, 30.0), (520, 130, True, (-1, 0), False, 5.0)]
+             (300, 517, True, (-1, 0), False, 30.0), (520, 130, True, (-1, 0), False, 5.0),
+             (700, 700, True, (128, 0), False, 30.0)]
     for d in gpu_head_dims():
         for sq, sk, causal, window, with_sink, softcap in cases:
             for margin in (0, sms - 2):

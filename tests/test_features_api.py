@@ -13,7 +13,7 @@ import flash_attn_dash.varlen_cuda as varlen_cuda
 import flash_attn_dash.varlen_per_sequence as per_sequence
 from flash_attn_dash import (backward_schedule_used, features, flash_attn_func, flash_attn_kvpacked_func,
                              flash_attn_qkvpacked_func, flash_attn_varlen_func, flash_attn_varlen_kvpacked_func,
-                             flash_attn_varlen_qkvpacked_func, varlen_schedule_used)
+                             flash_attn_varlen_qkvpacked_func, variants, varlen_schedule_used)
 from flash_attn_dash.reference import attention_ref
 from flash_attn_dash.schedule.tiles import canonical_window
 from flash_attn_dash.varlen_layout import PackedSequence
@@ -445,7 +445,19 @@ def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_
     assert features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k) == kernels
 
 
-def test_kernel_refusal_names_every_unsupported_argument():
+SOFTCAP_WINDOW_UNTESTED = r"softcap=50.0 with a sliding window \(its kernels are built but have not passed"
+
+
+def test_kernel_refusal_names_every_unsupported_argument(monkeypatch):
+    """A combination the table does not build is refused as unbuilt, one it builds as untested until its kernels
+    pass on a GPU (features.SOFTCAP_WITH_VALIDATED)."""
+    assert variants.SOFTCAP_WITH == ("window",) and features.SOFTCAP_WITH_VALIDATED == ()
+    assert features.kernel_refusal(30.0, (128, 0)) == (
+        "the sm90 kernels do not support softcap=30.0 with a sliding window (its kernels are built but have not "
+        "passed their GPU tests yet) yet. CPU tensors run the PyTorch reference with every feature.")
+    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", ("window",))
+    assert features.kernel_refusal(30.0, (128, 0)) is None
+    monkeypatch.setattr(variants, "SOFTCAP_WITH", ())
     assert features.kernel_refusal(30.0, (128, 0)) == (
         "the sm90 kernels do not support softcap=30.0 with a sliding window (no softcap kernel is built for it) yet. "
         "CPU tensors run the PyTorch reference with every feature.")
@@ -457,7 +469,8 @@ def test_kernel_refusal_names_every_unsupported_argument():
 
 def test_softcap_kernels_run_the_full_and_causal_masks_alone():
     """A softcap runs on the full and causal kernels (also where a window is one of those masks
-    on the call's shape); with a sliding window or a sink, or both, it is refused, naming the combination."""
+    on the call's shape); with a sliding window (until validated) or a sink (not built), or both, it is refused,
+    naming the combination."""
     assert features.kernel_refusal(50.0) is None
     for causal, window, sq, sk, kernels in [(False, (-1, -1), 64, 64, (False, (-1, -1))),
                                             (True, (-1, -1), 64, 64, (True, (-1, 0))),
@@ -466,21 +479,19 @@ def test_softcap_kernels_run_the_full_and_causal_masks_alone():
                                             (False, (100, 100), 64, 64, (False, (-1, -1)))]:
         assert features.kernel_mask(causal, window, 50.0, sq, sk) == kernels
     for window in ((3, 0), (8, 8), (-1, 4)):
-        with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a sliding window \(no softcap kernel is "
-                                                      r"built for it\)"):
+        with pytest.raises(NotImplementedError, match=SOFTCAP_WINDOW_UNTESTED):
             features.kernel_mask(False, window, 50.0, 64, 64)
         assert features.kernel_mask(False, window, 0.0, 64, 64)[0]  # the window alone runs
     with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a learnable_sink \(no softcap kernel"):
         features.kernel_mask(True, (-1, -1), 50.0, 64, 64, has_sink=True)
-    with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a sliding window and a learnable_sink"):
+    with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a learnable_sink \(no softcap kernel"):
         features.kernel_mask(False, (3, 0), 50.0, 64, 64, has_sink=True)
     assert features.kernel_mask(True, (-1, -1), 0.0, 64, 64, has_sink=True) == (True, (-1, 0))
 
 
-SOFTCAP_WINDOW_UNBUILT = r"softcap=50.0 with a sliding window \(no softcap kernel is built for it\)"
 REFUSED = [
-    (dict(softcap=50.0, window_size=(3, 0)), SOFTCAP_WINDOW_UNBUILT),
-    (dict(softcap=50.0, causal=True, window_size=(8, 8)), SOFTCAP_WINDOW_UNBUILT),
+    (dict(softcap=50.0, window_size=(3, 0)), SOFTCAP_WINDOW_UNTESTED),
+    (dict(softcap=50.0, causal=True, window_size=(8, 8)), SOFTCAP_WINDOW_UNTESTED),
 ]
 
 
@@ -600,7 +611,7 @@ def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
-        refused = "the sm90 kernels do not support softcap=3.0 with a sliding window"
+        refused = r"the sm90 kernels do not support softcap=3.0 with a sliding window \(its kernels are built"
         with pytest.raises(NotImplementedError, match=refused):
             ops.forward_into(q, q, q, q, lse, 0.125, False, 0, window_size=(3, 0), softcap=3.0)
         with pytest.raises(NotImplementedError, match=refused):

@@ -118,9 +118,12 @@ int main() {
 
 def test_softcap_kernels_are_the_tables(tmp_path_factory, monkeypatch):
     """variants.SOFTCAP_WITH drives the launchers' softcap_error (generated/features.h, compiled on the host) and the
-    API's refusal alike: a softcap runs alone, with a sliding window or a sink only where the table builds it, and
-    a bad value is refused by both. Adding "window" to the table changes only the generated features header."""
+    API's refusal alike: a softcap runs alone, with a sliding window or a sink only where the table builds it (the
+    API also waits for its GPU tests, lifted here), and a bad value is refused by both. Taking "window" out of the
+    table changes only the generated features header."""
     from flash_attn_dash import features
+
+    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", variants.SOFTCAP_WITH)
 
     exe = build_host_program(tmp_path_factory, "softcap_facts", SOFTCAP_FACTS_CPP)
     rows = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.splitlines()
@@ -138,9 +141,10 @@ def test_softcap_kernels_are_the_tables(tmp_path_factory, monkeypatch):
             assert (why == "ok") == (cap == 0 or ((not window or "window" in variants.SOFTCAP_WITH)
                                                   and (not sink or "sink" in variants.SOFTCAP_WITH)))
     before = generate.files()
-    monkeypatch.setattr(variants, "SOFTCAP_WITH", ("window",))
+    assert "constexpr bool kSoftcapWithWindow = true;" in before[generate.GENERATED / "features.h"]
+    monkeypatch.setattr(variants, "SOFTCAP_WITH", ())
     after = generate.files()
     assert {p for p in after if after[p] != before[p]} == {generate.GENERATED / "features.h"}
-    assert "constexpr bool kSoftcapWithWindow = true;" in after[generate.GENERATED / "features.h"]
-    assert features.kernel_refusal(30.0, (64, 0)) is None
+    assert "constexpr bool kSoftcapWithWindow = false;" in after[generate.GENERATED / "features.h"]
+    assert "with a sliding window (no softcap kernel" in features.kernel_refusal(30.0, (64, 0))
     assert "with a learnable_sink" in features.kernel_refusal(30.0, has_sink=True)

@@ -5,7 +5,7 @@
 
 namespace flash_dash {
 
-constexpr bool kSoftcapWithWindow = false;
+constexpr bool kSoftcapWithWindow = true;
 constexpr bool kSoftcapWithSink = false;
 
 }  // namespace flash_dash
