@@ -1,7 +1,7 @@
 """flash_attn_dash under transformers on an sm90 GPU: a tiny bf16 Llama's forward + backward gives the same bits
 twice with deterministic=True (dense, padded and packed batches), and its logits are as close to an fp32 reference
 as sdpa's are; a Mistral sliding window runs on the kernels as close to fp32 as sdpa's, and gpt-oss's sinks as close
-as eager's, and Gemma2's softcap as close as eager's;
+as eager's, and Gemma2's softcap (global and local layers) as close as eager's;
 a Mistral window that masks no key runs the plain kernels, with the bits of the model without a window."""
 from __future__ import annotations
 
@@ -121,23 +121,36 @@ def test_a_mistral_sliding_window_runs_as_close_to_fp32_as_sdpa(case):
     assert torch.equal(logits_a, logits_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
 
 
-def _gemma2_softcap() -> Gemma2Config:
-    # A window longer than every batch (it masks nothing) keeps the softcap on the plain masks' softcap kernels.
-    return Gemma2Config(**CONFIG, attn_logit_softcapping=50.0, query_pre_attn_scalar=64, sliding_window=2 * SEQ)
+def _gemma2_softcap(sliding_window: int = 2 * SEQ) -> Gemma2Config:
+    # The default window is longer than every batch (it masks nothing): the softcap runs on the plain masks' kernels.
+    return Gemma2Config(**CONFIG, attn_logit_softcapping=50.0, query_pre_attn_scalar=64, sliding_window=sliding_window)
 
 
-@pytest.mark.parametrize("case", ["dense", "padding"])
-def test_gemma2_softcap_runs_as_close_to_fp32_as_eager(case):
-    """Gemma 2's attention softcap (50) on the softcap kernels: logits as close to an fp32 eager model's as bf16
-    eager's, and the deterministic step gives the same bits twice."""
-    ours_err, eager_err = _errors_vs_fp32(_model(hf.register(), _gemma2_softcap()), _model("eager", _gemma2_softcap()),
-                                          case)
+def _assert_close_to_eager_and_repeats(config: Gemma2Config, case: str) -> None:
+    """Logits as close to an fp32 eager model's as bf16 eager's, and the deterministic step's bits repeat."""
+    ours_err, eager_err = _errors_vs_fp32(_model(hf.register(), config), _model("eager", config), case)
     assert ours_err <= 2 * eager_err + 1e-3, (ours_err, eager_err)
-    model = _model(hf.register("dash_attention_deterministic", deterministic=True), _gemma2_softcap())
+    model = _model(hf.register("dash_attention_deterministic", deterministic=True), config)
     embeds, kwargs = _embeds(), _case(case)
     logits_a, grads_a = _step(model, embeds, **kwargs)
     logits_b, grads_b = _step(model, embeds, **kwargs)
     assert torch.equal(logits_a, logits_b) and all(torch.equal(a, b) for a, b in zip(grads_a, grads_b))
+
+
+@pytest.mark.parametrize("case", ["dense", "padding"])
+def test_gemma2_softcap_runs_as_close_to_fp32_as_eager(case):
+    """Gemma 2's attention softcap (50) on the softcap kernels."""
+    _assert_close_to_eager_and_repeats(_gemma2_softcap(), case)
+
+
+@pytest.mark.parametrize("case", ["dense", "padding"])
+def test_gemma2_local_layers_run_softcap_windows_as_close_to_fp32_as_eager(monkeypatch, case):
+    """Gemma 2's local layers (a 64-token window with softcap 50, GQA 8/2: the folded softcap window kernels) beside
+    its global ones. Lifts the API's refusal of the untested combination (features.SOFTCAP_WITH_VALIDATED)."""
+    from flash_attn_dash import features
+
+    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", ("window",))
+    _assert_close_to_eager_and_repeats(_gemma2_softcap(sliding_window=64), case)
 
 
 @pytest.mark.parametrize("case", ["dense", "padding"])
