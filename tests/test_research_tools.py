@@ -34,7 +34,7 @@ def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
     assert r.returncode == 2 and "two distinct" in r.stderr
 
 
-@pytest.mark.parametrize("script", ["fwd_variants.py", "fwd_overhead.py", "ncu_fwd.py", "profile_bwd.py",
+@pytest.mark.parametrize("script", ["fwd_variants.py", "fwd_overhead.py", "ncu_attn.py", "profile_bwd.py",
                                     "bwd_timeline.py", "sass_diff.py"])
 def test_cli_help(script):
     r = _run([os.path.join("research", script), "--help"])
@@ -46,7 +46,8 @@ def test_without_cuda_the_probes_stop_with_exit_2():
     torch = pytest.importorskip("torch")
     if torch.cuda.is_available():
         pytest.skip("CUDA present: the no-CUDA exit path is not reachable")
-    for args in (["fwd_variants.py", "x", "--hdim", "128"], ["fwd_overhead.py"], ["bwd_timeline.py"]):
+    for args in (["fwd_variants.py", "x", "--hdim", "128"], ["fwd_overhead.py"], ["bwd_timeline.py"],
+                 ["ncu_attn.py", "--impl", "dash,fa4"]):
         r = _run([os.path.join("research", args[0]), *args[1:]])
         assert r.returncode == 2 and "no CUDA device" in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
     r = _run(["research/fwd_variants.py", "x", "--hdim", "80"])

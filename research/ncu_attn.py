@@ -1,0 +1,67 @@
+"""One forward or one backward of each named implementation on the same inputs, inside a CUDA profiler range, for
+Nsight Compute (ours beside FlashAttention-4 or cuDNN, kernel by kernel).
+
+    ncu --profile-from-start off --clock-control none --section SpeedOfLight --section WarpStateStats \\
+        --section SourceCounters python research/ncu_attn.py [--pass fwd|bwd] [--impl dash,fa4] \\
+        [--hdim 128] [--seqlen 8k] [--causal]
+
+--impl takes benchmarks/common.py's implementation keys (dash, dash-det, fa4, fa4-det, sdpa-cudnn, ...). Every call
+is warmed up outside the range, so ncu profiles exactly one call of each (a backward is its whole autograd call:
+preprocess, main kernel, postprocess, whatever each implementation launches). The question it answers: where our
+kernels lose to a peer's at a shape (tensor-pipe activity, stall reasons, instructions per MMA), not how fast either
+is (benchmarks/bench_attn.py). Shapes as bench_attn.py: 16k tokens, hidden 2048, bf16.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks import common  # noqa: E402
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pass", dest="pass_", default="bwd", choices=("fwd", "bwd"))
+    ap.add_argument("--impl", default="dash,fa4", help="comma list of benchmarks/common.py implementation keys")
+    ap.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128))
+    ap.add_argument("--seqlen", default="8k", help="one length (e.g. 2k, 4096)")
+    ap.add_argument("--causal", action="store_true")
+    args = ap.parse_args(argv)
+    try:
+        names = common.select_impls([args.impl], [])
+    except ValueError as e:
+        ap.error(str(e))
+    common.require_cuda("ncu_attn.py")
+    import torch
+
+    s = common.parse_seqlen(args.seqlen)
+    b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // args.hdim
+    q, k, v, dout = (torch.randn(b, s, h, args.hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+    q, k, v = (x.requires_grad_(args.pass_ == "bwd") for x in (q, k, v))
+    calls = []
+    for name in names:
+        fn = common.make_attn_fn(common.IMPLS[name], args.causal)
+        if args.pass_ == "fwd":
+            calls.append((name, lambda fn=fn: fn(q, k, v)))
+        else:
+            out = fn(q, k, v)  # the forward stays outside the range
+            calls.append((name, lambda out=out: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)))
+    for _ in range(3):
+        for _, call in calls:
+            call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStart()
+    for _, call in calls:
+        call()
+    torch.cuda.synchronize()
+    torch.cuda.cudart().cudaProfilerStop()
+    print(f"profiled {args.pass_}: {', '.join(n for n, _ in calls)} (in that order); hdim {args.hdim}, "
+          f"{'causal' if args.causal else 'full'}, seqlen {s}, batch {b}, heads {h}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
