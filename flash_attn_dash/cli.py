@@ -137,6 +137,9 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--batch", type=_positive_int,
                       help="batch size (default: max(1, 16384 // seqlen)); a pack's batch is its sequences")
     plan.add_argument("--heads", type=_positive_int, help="query heads (default: 2048 // hdim)")
+    plan.add_argument("--heads-kv", type=_positive_int,
+                      help="K/V heads, a divisor of --heads (GQA; default: --heads); on a narrow band the plan is the "
+                           "GQA sibling fold's, as the kernels run it")
     plan.add_argument("--sms", type=_positive_int, default=132, help="SM count (default 132)")
     plan.add_argument("--sm-margin", type=_non_negative_int, default=0, help="SMs left free; grid = sms - margin")
     plan.add_argument("--c", type=_cost, help="compute cost per step (default: from tile shape, ns)")
@@ -220,6 +223,11 @@ class _Shape:
     pack: bool
 
 
+def _kv_text(heads: int, heads_kv: int) -> str:
+    """`` (K/V 8)`` for GQA, nothing otherwise."""
+    return "" if heads_kv == heads else f" (K/V {heads_kv})"
+
+
 def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r: float, grid: int) -> _Shape:
     """``plan --seqlen``: one dense call."""
     if args.seqlens_k is not None:
@@ -227,31 +235,42 @@ def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, 
     seqlen_k = args.seqlen_k or args.seqlen
     batch = args.batch or max(1, 16384 // args.seqlen)
     heads = args.heads or 2048 // args.hdim
+    heads_kv = args.heads_kv or heads
+    if heads % heads_kv:
+        parser.error(f"argument --heads-kv: must divide --heads={heads}, got {heads_kv}")
     block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
     # The window in its canonical form: (-1, 0) is the causal mask, a side that clips nothing is unbounded.
     tiles = TileGrid("causal" if args.causal else "full", args.seqlen, seqlen_k, block_m, block_n, args.window)
     mask = tiles.mask
-    predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
-                          progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window)
-    reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
     # What the kernels run (flash_attn_dash.launch decides it): every window but the full mask's on the causal kernels.
     kernel_causal = tiles.window != (-1, -1)
-    det = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto", tiles.window)
+    det = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto", tiles.window,
+                     heads_kv)
+    predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
+                          progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window,
+                          heads_kv=heads_kv, fold=det.gqa_fold)
+    reason = auto_reason(mask, args.hdim, args.seqlen, seqlen_k, tiles.window)
     pick = det.requested
     if det.fallback:
         reason += f"; runs {det.schedule} here ({det.fallback})"
     nondet = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False, "auto",
-                        tiles.window).schedule
+                        tiles.window, heads_kv).schedule
+    notes = [f"non-deterministic backward walks: {nondet}"]
+    if det.gqa_fold:
+        notes.append(f"GQA sibling fold: one tile per K/V head walks its {heads // heads_kv} query heads "
+                     f"(a band of at most {variants.GQA_FOLD_MAX_BAND_STEPS} Q tiles per K/V tile)")
     num_m, num_n = tiles.num_m, tiles.num_n
     shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
     return _Shape(
-        predictions, pick, reason, [f"non-deterministic backward walks: {nondet}"],
+        predictions, pick, reason, notes,
         [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
-         f"heads={heads}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "],
-        f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, heads {heads}, ",
+         f"heads={heads}{_kv_text(heads, heads_kv)}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "],
+        f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, heads {heads}"
+        f"{_kv_text(heads, heads_kv)}, ",
         {"mask": mask, "window": list(tiles.window), "banded": tiles.banded, "seqlen_q": args.seqlen,
-         "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch, "heads": heads, "block_m": block_m,
-         "block_n": block_n, "num_m": num_m, "num_n": num_n, "non_deterministic_walk": nondet},
+         "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch, "heads": heads, "heads_kv": heads_kv,
+         "gqa_fold": det.gqa_fold, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n,
+         "non_deterministic_walk": nondet},
         False)
 
 
@@ -261,6 +280,8 @@ def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r
         if value is not None:
             parser.error(f"argument {name}: not with --seqlens (a pack's sequences are its batch; key lengths "
                          f"are --seqlens-k)")
+    if args.heads_kv is not None:
+        parser.error("argument --heads-kv: only with --seqlen (the pack model has one K/V head per query head)")
     try:
         lens_q, lens_k = check_seqlens(args.seqlens, args.seqlens_k)
     except ValueError as err:

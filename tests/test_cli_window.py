@@ -63,3 +63,24 @@ def test_bad_window_exits_2(value, capsys):
         main(["plan", "--seqlen", "1024", "--hdim", "64", f"--window={value}"])
     assert err.value.code == 2
     assert "--window" in capsys.readouterr().err
+
+
+def test_gqa_band_plans_the_sibling_fold(capsys):
+    """--heads-kv: on gpt-oss's band the plan is the GQA sibling fold's, as flash_attn_dash.launch runs it; on the
+    causal mask it is not; a K/V head count that does not divide the heads, or one with a pack, is refused."""
+    argv = ["plan", "--seqlen", "8192", "--hdim", "64", "--causal", "--heads", "64", "--heads-kv", "8", "--batch", "1",
+            "--json"]
+    assert main(argv + ["--window", "127,-1"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["heads_kv"] == 8 and data["gqa_fold"]
+    assert all("GQA-folded (8 query heads per tile)" in s["description"] for s in data["schedules"])
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["heads_kv"] == 8 and not data["gqa_fold"]
+    assert not any("GQA-folded" in s["description"] for s in data["schedules"])
+    with pytest.raises(SystemExit) as exc:
+        main(["plan", "--seqlen", "1024", "--hdim", "64", "--heads", "8", "--heads-kv", "3"])
+    assert exc.value.code == 2 and "argument --heads-kv: must divide --heads=8, got 3" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["plan", "--seqlens", "1024,512", "--hdim", "64", "--heads-kv", "2"])
+    assert "argument --heads-kv: only with --seqlen" in capsys.readouterr().err

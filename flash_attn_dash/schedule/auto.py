@@ -124,9 +124,10 @@ def _tiles_and_costs(mask: str, head_dim: int, c: float | None, r: float | None)
 
 def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
             c: float | None = None, r: float | None = None, progress: Progress | None = None,
-            window: tuple[int, int] = (-1, -1)) -> list[Prediction]:
+            window: tuple[int, int] = (-1, -1), heads_kv: int | None = None, fold: bool = False) -> list[Prediction]:
     """Simulate every schedule applicable to ``mask`` with ``window`` (every schedule on a band; in ``SCHEDULES``
-    order); default costs from :mod:`.costs`.
+    order); default costs from :mod:`.costs`. ``heads_kv``: K/V heads (GQA), ``fold``: the GQA sibling fold
+    (:func:`.plan.build_plan`).
 
     ``progress`` receives the overall finished fraction across all schedules.
     """
@@ -134,7 +135,8 @@ def predict(mask: str, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, 
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     schedules = [s for s in SCHEDULES if applicable(s, grid.mask, grid.banded)]
     return _predictions(schedules, lambda schedule: build_plan(mask, seqlen_q, seqlen_k, block_m, block_n, batch,
-                                                               heads, num_sms, schedule, costs=(c, r), window=window),
+                                                               heads, num_sms, schedule, costs=(c, r), window=window,
+                                                               heads_kv=heads_kv, fold=fold),
                         c, r, progress)
 
 
