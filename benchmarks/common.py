@@ -638,8 +638,9 @@ def collect_metadata(argv: Optional[Sequence[str]] = None) -> dict:
         command=" ".join(shlex.quote(a) for a in [os.path.basename(sys.executable)] + argv),
         cwd=os.getcwd(),
         cuda_visible_devices=os.environ.get("CUDA_VISIBLE_DEVICES"),
-        # Build/run knobs (FLASH_DASH_GQA_FOLD, FLASH_DASH_HDIMS, ...) change which kernels run: keep them with the rows.
-        flash_dash_env={k: v for k, v in sorted(os.environ.items()) if k.startswith("FLASH_DASH_")},
+        # Build/run knobs (FLASH_DASH_HDIMS, FLASH_ATTN_DASH_DEBUG, ...) change what runs: keep them with the rows.
+        flash_dash_env={k: v for k, v in sorted(os.environ.items())
+                        if k.startswith(("FLASH_DASH_", "FLASH_ATTN_DASH_"))},
     )
     meta.update({f"git_{k}": v for k, v in git_info().items()})
     try:

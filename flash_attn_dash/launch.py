@@ -108,9 +108,9 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
     On a sliding window (the causal kernels with a window other than the causal mask's) ``auto`` is
     :data:`BAND_SCHEDULE` and non-deterministic backwards walk descending (or symmetric_shift on a causal window that
     removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
-    GQA (``heads != heads_k``) on a narrow sliding window runs the fold (:func:`gqa_fold`): the
-    orders then walk a grid of ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without a
-    backward kernel, or ``heads_k`` not dividing ``heads``.
+    GQA (``heads != heads_k``) on a narrow sliding window runs the fold (:func:`gqa_fold`): the orders then walk a
+    grid of ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without
+    a backward kernel, or ``heads_k`` not dividing ``heads``.
     """
     if not (isinstance(heads_k, int) and heads_k >= 1 and heads % heads_k == 0):
         raise ValueError(f"heads_k must be a positive divisor of heads={heads}, got {heads_k!r}")

@@ -128,7 +128,8 @@ def test_launcher_refuses_a_fold_without_gqa():
     launch = bwd_launch(True, 64, 256, 256, 1, 2, torch.cuda.get_device_properties(0).multi_processor_count, True)
     with pytest.raises(ValueError, match="gqa_fold needs num_heads != num_heads_k"):
         torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
-                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, 0.0, True)
+                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, -1, 0.0,
+                                          True)
     torch.cuda.synchronize()
     assert torch.isnan(dq).all()
 
@@ -143,6 +144,7 @@ def test_launcher_refuses_a_fold_without_a_window():
                         heads_k=2)
     with pytest.raises(ValueError, match="gqa_fold runs on sliding windows only"):
         torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, 64 ** -0.5, True, True,
-                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, 0, 0.0, True)
+                                          launch.schedule_id, launch.grid, launch.claim_group, 0, None, -1, 0, 0.0,
+                                          True)
     torch.cuda.synchronize()
     assert torch.isnan(dq).all()
