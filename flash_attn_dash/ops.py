@@ -71,8 +71,7 @@ def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
                                       timeline, *window, softcap, launch.gqa_fold,
-                                      None if learnable_sink is None else learnable_sink.float().contiguous(),
-                                      None if learnable_sink is None else dsink)
+                                      None if learnable_sink is None else learnable_sink.float().contiguous(), dsink)
     return launch
 
 
@@ -164,11 +163,12 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         for grad in (dq, dk, dv):
             grad.zero_()
         return
-    kernel_sink = learnable_sink is not None and dsink is not None and features.SINK_GRAD_KERNEL_VALIDATED
+    wants_dsink = learnable_sink is not None and dsink is not None
+    kernel_sink = wants_dsink and features.SINK_GRAD_KERNEL_VALIDATED
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
              window=window, softcap=softcap, learnable_sink=learnable_sink if kernel_sink else None,
              dsink=dsink if kernel_sink else None)
-    if learnable_sink is not None and dsink is not None and not kernel_sink:
+    if wants_dsink and not kernel_sink:
         dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
 
 
