@@ -26,12 +26,6 @@ from .schedule.tiles import canonical_window, check_window_size
 
 # FlashAttention-4 accepts these sink dtypes; CPU tensors also take fp64 (gradcheck), as q's dtypes there.
 KERNEL_SINK_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
-# The sink's gradient from the backward preprocess's row sums in one kernel (hopper/bwd/sink_grad.hpp): until it has
-# passed tests/test_sink_gpu.py on a GPU, CUDA backwards compute it with torch reductions (sink_grad_from_lse).
-SINK_GRAD_KERNEL_VALIDATED = False
-# The softcap combinations of variants.SOFTCAP_WITH whose kernels passed their GPU tests (tests/test_softcap_gpu.py);
-# CUDA tensors refuse the others until then (the tests lift this for themselves).
-SOFTCAP_WITH_VALIDATED: tuple[str, ...] = ()
 REFERENCE_SINK_DTYPES = KERNEL_SINK_DTYPES + (torch.float64,)
 
 
@@ -85,19 +79,14 @@ def kernel_refusal(softcap: float, sliding_window: tuple[int, int] | None = None
     """Why the sm90 kernels cannot run these features, naming each argument they do not support; None if they can.
     ``sliding_window``: the kernels' window when it is a sliding window (not the full or causal mask). A softcap runs
     on the full and causal kernels, with a sliding window or a learnable sink (``has_sink``) only where the variant
-    table builds that combination (``variants.SOFTCAP_WITH``) and its kernels passed their GPU tests
-    (:data:`SOFTCAP_WITH_VALIDATED`). The decision reads Python values only, so it is tested on any machine."""
+    table builds that combination (``variants.SOFTCAP_WITH``). The decision reads Python values only, so it is tested on any machine."""
     reasons = []
     if softcap != 0:
         present = [(what, key) for what, here, key in (("a sliding window", sliding_window is not None, "window"),
                                                        ("a learnable_sink", has_sink, "sink")) if here]
         unbuilt = [what for what, key in present if key not in variants.SOFTCAP_WITH]
-        untested = [what for what, key in present if key in variants.SOFTCAP_WITH and key not in SOFTCAP_WITH_VALIDATED]
         if unbuilt:
             reasons.append(f"softcap={softcap} with {' and '.join(unbuilt)} (no softcap kernel is built for it)")
-        elif untested:
-            reasons.append(f"softcap={softcap} with {' and '.join(untested)} (its kernels are built but have not "
-                           "passed their GPU tests yet)")
     if not reasons:
         return None
     return ("the sm90 kernels do not support " + "; ".join(reasons) + " yet. CPU tensors run the PyTorch reference "
@@ -149,17 +138,6 @@ def sink_grad_buffer(learnable_sink: torch.Tensor | None, like: torch.Tensor) ->
     None-ness)."""
     size = 0 if learnable_sink is None else learnable_sink.shape[0]
     return torch.zeros(size, dtype=torch.float32, device=like.device)
-
-
-def sink_grad_from_lse(dout: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-                       learnable_sink: torch.Tensor) -> torch.Tensor:
-    """The sink's gradient (heads,) fp32 from a forward's ``out`` and ``lse`` (which includes the sink): every row's
-    output is scaled by 1 - p_sink, so dsink[h] = -sum over batch and rows of exp(sink[h] - lse) * rowsum(dout * out).
-    The kernels' dq/dk/dv need no change (their P = exp(S - lse) already carries the sink). Torch's reductions add in a
-    fixed order, so the result is the same bits run to run."""
-    dpsum = (dout.float() * out.float()).sum(-1)  # (b, sq, h)
-    p_sink = torch.exp(learnable_sink.float()[None, :, None] - lse)  # (b, h, sq)
-    return -(p_sink * dpsum.transpose(1, 2)).sum(dim=(0, 2))
 
 
 def sink_grad(dsink: torch.Tensor, learnable_sink: torch.Tensor | None) -> torch.Tensor | None:

@@ -101,9 +101,8 @@ def flash_attn_func(
             value; lse includes it (FlashAttention-4). Differentiable: its gradient is summed over batch and rows
             (a fixed-order reduction: the same bits run to run).
         softcap: 0.0 (off) or a finite cap > 0: scores become ``softcap * tanh(softmax_scale * q·k / softcap)``.
-            On CUDA tensors the full and causal kernels have a softcap variant (the tanh compiled in); with a sliding
-            window its kernels are built but refused until they pass their GPU tests
-            (``features.SOFTCAP_WITH_VALIDATED``), with a sink none is built (both NotImplementedError).
+            On CUDA tensors the full, causal and sliding-window kernels have a softcap variant (the tanh compiled
+            in); with a sink none is built (NotImplementedError).
         deterministic: make dq/dk/dv bitwise reproducible run to run by fixing the order of the dQ
             (and, for GQA, dK/dV) reductions. None (the default) follows torch's switch,
             ``torch.are_deterministic_algorithms_enabled()``, read at call time; a bool wins.

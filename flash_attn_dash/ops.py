@@ -164,12 +164,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
             grad.zero_()
         return
     wants_dsink = learnable_sink is not None and dsink is not None
-    kernel_sink = wants_dsink and features.SINK_GRAD_KERNEL_VALIDATED
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, causal, deterministic, schedule, sm_margin,
-             window=window, softcap=softcap, learnable_sink=learnable_sink if kernel_sink else None,
-             dsink=dsink if kernel_sink else None)
-    if wants_dsink and not kernel_sink:
-        dsink.copy_(features.sink_grad_from_lse(dout, out, lse, learnable_sink))
+             window=window, softcap=softcap, learnable_sink=learnable_sink if wants_dsink else None,
+             dsink=dsink if wants_dsink else None)
 
 
 @torch.library.custom_op("flash_attn_dash::bwd", mutates_args=())

@@ -445,17 +445,9 @@ def test_kernel_causal_is_the_mask_a_window_is(causal, window, seqlen_q, seqlen_
     assert features.kernel_mask(causal, window, 0.0, seqlen_q, seqlen_k) == kernels
 
 
-SOFTCAP_WINDOW_UNTESTED = r"softcap=50.0 with a sliding window \(its kernels are built but have not passed"
-
-
 def test_kernel_refusal_names_every_unsupported_argument(monkeypatch):
-    """A combination the table does not build is refused as unbuilt, one it builds as untested until its kernels
-    pass on a GPU (features.SOFTCAP_WITH_VALIDATED)."""
-    assert variants.SOFTCAP_WITH == ("window",) and features.SOFTCAP_WITH_VALIDATED == ()
-    assert features.kernel_refusal(30.0, (128, 0)) == (
-        "the sm90 kernels do not support softcap=30.0 with a sliding window (its kernels are built but have not "
-        "passed their GPU tests yet) yet. CPU tensors run the PyTorch reference with every feature.")
-    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", ("window",))
+    """A softcap combination the variant table does not build is refused, naming it; one it builds runs."""
+    assert variants.SOFTCAP_WITH == ("window",)
     assert features.kernel_refusal(30.0, (128, 0)) is None
     monkeypatch.setattr(variants, "SOFTCAP_WITH", ())
     assert features.kernel_refusal(30.0, (128, 0)) == (
@@ -468,9 +460,9 @@ def test_kernel_refusal_names_every_unsupported_argument(monkeypatch):
 
 
 def test_softcap_kernels_run_the_full_and_causal_masks_alone():
-    """A softcap runs on the full and causal kernels (also where a window is one of those masks
-    on the call's shape); with a sliding window (until validated) or a sink (not built), or both, it is refused,
-    naming the combination."""
+    """A softcap runs on the full and causal kernels (also where a window is one of those masks on the call's shape)
+    and on sliding windows (the window's own kernels); with a sink (not built) it is refused, naming the
+    combination."""
     assert features.kernel_refusal(50.0) is None
     for causal, window, sq, sk, kernels in [(False, (-1, -1), 64, 64, (False, (-1, -1))),
                                             (True, (-1, -1), 64, 64, (True, (-1, 0))),
@@ -479,9 +471,7 @@ def test_softcap_kernels_run_the_full_and_causal_masks_alone():
                                             (False, (100, 100), 64, 64, (False, (-1, -1)))]:
         assert features.kernel_mask(causal, window, 50.0, sq, sk) == kernels
     for window in ((3, 0), (8, 8), (-1, 4)):
-        with pytest.raises(NotImplementedError, match=SOFTCAP_WINDOW_UNTESTED):
-            features.kernel_mask(False, window, 50.0, 64, 64)
-        assert features.kernel_mask(False, window, 0.0, 64, 64)[0]  # the window alone runs
+        assert features.kernel_mask(False, window, 50.0, 64, 64) == features.kernel_mask(False, window, 0.0, 64, 64)
     with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a learnable_sink \(no softcap kernel"):
         features.kernel_mask(True, (-1, -1), 50.0, 64, 64, has_sink=True)
     with pytest.raises(NotImplementedError, match=r"softcap=50.0 with a learnable_sink \(no softcap kernel"):
@@ -489,9 +479,10 @@ def test_softcap_kernels_run_the_full_and_causal_masks_alone():
     assert features.kernel_mask(True, (-1, -1), 0.0, 64, 64, has_sink=True) == (True, (-1, 0))
 
 
+SOFTCAP_SINK_UNBUILT = r"softcap=50.0 with a learnable_sink \(no softcap kernel is built for it\)"
 REFUSED = [
-    (dict(softcap=50.0, window_size=(3, 0)), SOFTCAP_WINDOW_UNTESTED),
-    (dict(softcap=50.0, causal=True, window_size=(8, 8)), SOFTCAP_WINDOW_UNTESTED),
+    (dict(softcap=50.0), SOFTCAP_SINK_UNBUILT),
+    (dict(softcap=50.0, causal=True, window_size=(8, 8)), SOFTCAP_SINK_UNBUILT),
 ]
 
 
@@ -520,17 +511,18 @@ def test_cuda_tensors_refuse_what_the_kernels_lack_at_the_call(kwargs, match):
     with FakeTensorMode():
         for call in _cuda_entry_points().values():
             with pytest.raises(NotImplementedError, match=match):
-                call(**kwargs)
+                call(**{**kwargs, "learnable_sink": torch.zeros(4, device="cuda")})
 
 
 def test_cuda_tensors_run_windows_and_masks():
-    """Every entry point runs sliding windows and the windows that are a mask on (fake) CUDA tensors (the window
-    kernels passed tests/test_window_gpu.py on the H200); a sink in a dtype the kernels lack is refused."""
+    """Every entry point runs sliding windows (also with a softcap) and the windows that are a mask on (fake) CUDA
+    tensors (the window kernels passed tests/test_window_gpu.py and tests/test_softcap_gpu.py on the H200); a sink in a dtype the kernels lack is refused."""
     with FakeTensorMode():
         for name, call in _cuda_entry_points().items():
             for kwargs in (dict(window_size=(-1, 0)), dict(causal=True, window_size=(63, 9)),
                            dict(window_size=(-1, 63)), dict(window_size=(100, 100)), dict(window_size=(3, 0)),
-                           dict(causal=True, window_size=(2, 7)), dict(window_size=(8, 8))):
+                           dict(causal=True, window_size=(2, 7)), dict(window_size=(8, 8)),
+                           dict(softcap=50.0, window_size=(3, 0)), dict(softcap=50.0, causal=True, window_size=(8, 8))):
                 out = call(**kwargs)
                 assert out.is_cuda and out.shape[-2:] == (4, 64), name
         with pytest.raises(TypeError, match="learnable_sink.dtype must be one of torch.float16, torch.bfloat16, "
@@ -611,15 +603,16 @@ def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
-        refused = r"the sm90 kernels do not support softcap=3.0 with a sliding window \(its kernels are built"
+        sink = torch.zeros(4, device="cuda")
+        refused = r"the sm90 kernels do not support softcap=3.0 with a learnable_sink \(no softcap kernel"
         with pytest.raises(NotImplementedError, match=refused):
-            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, window_size=(3, 0), softcap=3.0)
+            ops.forward_into(q, q, q, q, lse, 0.125, False, 0, window_size=(3, 0), softcap=3.0, learnable_sink=sink)
         with pytest.raises(NotImplementedError, match=refused):
             ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, False, True, "auto", 0, window_size=(3, 0),
-                              softcap=3.0)
+                              softcap=3.0, learnable_sink=sink, dsink=torch.zeros(4, device="cuda"))
         vq, cu = q.view(128, 4, 64), torch.empty(3, dtype=torch.int32, device="cuda")
-        with pytest.raises(NotImplementedError, match="softcap=3.0 with a sliding window"):
-            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (3, 0), 3.0, None)
+        with pytest.raises(NotImplementedError, match="softcap=3.0 with a learnable_sink"):
+            varlen_cuda.forward(vq, vq, vq, cu, cu, 64, 64, None, None, 0.125, False, 0, (3, 0), 3.0, sink)
     assert cuda_spies == []
 
 
@@ -637,7 +630,7 @@ def test_cuda_tensors_run_softcaps():
 
 @pytest.mark.parametrize("causal,window,kernel_causal,kernel_window", [
     (False, (-1, -1), False, (-1, -1)), (True, (-1, -1), True, (-1, 0)), (False, (-1, 0), True, (-1, 0)),
-    (True, (500, -1), True, (-1, 0)),
+    (True, (500, -1), True, (-1, 0)), (False, (16, 0), True, (16, 0)),
 ])
 def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_causal, kernel_window):
     """The CUDA paths hand the softcap to the forward's fwd_out and the backward's bwd_into (the C++ launchers pick
@@ -679,24 +672,17 @@ def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies):
     assert cuda_spies == []
 
 
-def test_a_validated_sink_gradient_kernel_gets_the_sink_and_its_buffer(cuda_spies, monkeypatch):
-    """With features.SINK_GRAD_KERNEL_VALIDATED, ops.backward_into hands the backward launch the sink and the dsink
-    buffer and runs no torch reduction (features.sink_grad_from_lse); without it the launch gets neither (the
-    fallback's torch reduction is covered on the GPU, tests/test_sink_gpu.py's "torch" cases)."""
-    torch_path = []
-    monkeypatch.setattr(features, "sink_grad_from_lse", lambda *args: torch_path.append(args))
-    for kernel in (True, False):
-        monkeypatch.setattr(features, "SINK_GRAD_KERNEL_VALIDATED", kernel)
-        cuda_spies.clear()
-        with FakeTensorMode():
-            q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
-            lse = torch.empty(2, 4, 64, device="cuda")
-            sink, dsink = torch.empty(4, device="cuda"), torch.zeros(4, device="cuda")
-            try:
-                ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, True, True, "auto", 0, learnable_sink=sink,
-                                  dsink=dsink)
-            except TypeError:  # the fallback copies the spy's None into dsink: reached only without the kernel
-                assert not kernel
-        (call,) = [c for c in cuda_spies if c != "checked"]
-        assert (call[2]["learnable_sink"] is sink, call[2]["dsink"] is dsink) == (kernel, kernel)
-        assert len(torch_path) == (0 if kernel else 1)
+def test_the_sink_gradient_kernel_gets_the_sink_and_its_buffer(cuda_spies):
+    """ops.backward_into hands the backward launch the sink and the dsink buffer (the sink's gradient is reduced by
+    the kernels, hopper/bwd/sink_grad.hpp), and neither without a sink."""
+    with FakeTensorMode():
+        q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
+        lse = torch.empty(2, 4, 64, device="cuda")
+        sink, dsink = torch.empty(4, device="cuda"), torch.zeros(4, device="cuda")
+        for given, buffer in ((sink, dsink), (None, torch.zeros(0, device="cuda"))):
+            cuda_spies.clear()
+            ops.backward_into(q, q, q, q, q, lse, q, q, q, 0.125, True, True, "auto", 0, learnable_sink=given,
+                              dsink=buffer)
+            (call,) = [c for c in cuda_spies if c != "checked"]
+            assert call[2]["learnable_sink"] is given
+            assert call[2]["dsink"] is (dsink if given is not None else None)

@@ -144,12 +144,9 @@ def test_gemma2_softcap_runs_as_close_to_fp32_as_eager(case):
 
 
 @pytest.mark.parametrize("case", ["dense", "padding"])
-def test_gemma2_local_layers_run_softcap_windows_as_close_to_fp32_as_eager(monkeypatch, case):
+def test_gemma2_local_layers_run_softcap_windows_as_close_to_fp32_as_eager(case):
     """Gemma 2's local layers (a 64-token window with softcap 50, GQA 8/2: the folded softcap window kernels) beside
-    its global ones. Lifts the API's refusal of the untested combination (features.SOFTCAP_WITH_VALIDATED)."""
-    from flash_attn_dash import features
-
-    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", ("window",))
+    its global ones."""
     _assert_close_to_eager_and_repeats(_gemma2_softcap(sliding_window=64), case)
 
 

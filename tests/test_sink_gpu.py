@@ -18,15 +18,6 @@ from flash_attn_dash.reference import attention_ref
 pytestmark = pytest.mark.gpu
 
 
-@pytest.fixture(autouse=True, params=["kernel", "torch"])
-def sink_grad_path(request, monkeypatch):
-    """Each test on both ways to the sink's gradient: the kernel (features.SINK_GRAD_KERNEL_VALIDATED lifted) and
-    the torch reductions it replaces once validated."""
-    from flash_attn_dash import features
-
-    monkeypatch.setattr(features, "SINK_GRAD_KERNEL_VALIDATED", request.param == "kernel")
-    return request.param
-
 HDIMS = gpu_head_dims()
 DTYPES = [torch.bfloat16, torch.float16]
 SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024)]

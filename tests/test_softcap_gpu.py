@@ -203,9 +203,6 @@ def test_unbuilt_combinations_are_refused_before_launch():
             _fwd(q, k, v, True, 30.0, window=(64, 0))
         with pytest.raises(ValueError, match="no softcap kernel is built for a sliding window"):
             _bwd(dout, q, k, v, out, lse, True, True, "descending", 30.0, window=(64, 0))
-    if "window" in variants.SOFTCAP_WITH and "window" not in features.SOFTCAP_WITH_VALIDATED:
-        with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a sliding window \(its kernels are built"):
-            flash_attn_func(q, k, v, window_size=(64, 0), softcap=30.0)
     if "sink" not in variants.SOFTCAP_WITH:
         with pytest.raises(NotImplementedError, match=r"softcap=30.0 with a learnable_sink \(no softcap kernel"):
             flash_attn_func(q, k, v, softcap=30.0, learnable_sink=torch.zeros(2, device="cuda"))
@@ -223,11 +220,9 @@ def test_unbuilt_combinations_are_refused_before_launch():
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("window", [(128, 0), (64, 64)])
 @pytest.mark.parametrize("deterministic", [True, False])
-def test_softcap_with_a_sliding_window(monkeypatch, window, deterministic, d):
+def test_softcap_with_a_sliding_window(window, deterministic, d):
     """Where variants.SOFTCAP_WITH builds them: softcap 50 on a causal band and a two-sided window (Gemma 2's local
-    layers), forward and backward against the reference (GQA: the causal band runs the folded kernels). Lifts the
-    API's refusal of the untested combination (features.SOFTCAP_WITH_VALIDATED)."""
-    monkeypatch.setattr(features, "SOFTCAP_WITH_VALIDATED", variants.SOFTCAP_WITH)
+    layers), forward and backward against the reference (GQA: the causal band runs the folded kernels)."""
     q, k, v, dout = _problem(2, 700, 900, 4, 2, d, torch.bfloat16, seed=8)
     leaves = [x.clone().requires_grad_(True) for x in (q, k, v)]
     out, lse = flash_attn_func(*leaves, window_size=window, softcap=50.0, deterministic=deterministic, return_lse=True)
