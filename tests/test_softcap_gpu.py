@@ -15,7 +15,7 @@ from kernel_head_dims import gpu_head_dims
 from test_bwd_gpu import _trace_buffer, _wait
 from test_fwd_gpu import _check as _check_fwd
 
-from flash_attn_dash import features, flash_attn_func, flash_attn_varlen_func, variants
+from flash_attn_dash import flash_attn_func, flash_attn_varlen_func, variants
 from flash_attn_dash.reference import attention_ref
 
 pytestmark = pytest.mark.gpu
