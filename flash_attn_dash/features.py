@@ -7,9 +7,9 @@ checks, the mask a window describes for a shape (FlashAttention-3's canonical fo
 
 The full-mask kernels run the full mask; the causal kernels run the causal mask and every other window, whose two
 sides they take at run time (:func:`kernel_window`); the forward kernels fold a sink into each row's softmax. A
-softcap runs on the full and causal kernels with the tanh compiled in (forward and backward), not with a sliding
-window or a sink (no kernels are built for those). What the kernels lack (and, until their GPU tests pass, a softcap) is
-refused on CUDA tensors with a NotImplementedError naming the argument, before anything is launched. CPU tensors run
+softcap runs on the full, causal and sliding-window kernels with the tanh compiled in (forward and backward), not with
+a sink (no kernel is built for that). What the kernels lack is refused on CUDA tensors with a NotImplementedError
+naming the arguments, before anything is launched. CPU tensors run
 the reference with every feature. Every check here reads Python values, dtypes, devices and shapes only, so it runs on
 torch.compile's fake tensors too.
 """

@@ -31,8 +31,7 @@ def backward_schedule_used(
 
     ``window_size`` is ``flash_attn_func``'s: a window that is the full or causal mask on this shape answers for that
     mask (``(-1, 0)`` is the causal mask with or without ``causal``); a sliding window answers with the order its
-    kernels run (:func:`.launch.bwd_launch`), or raises what the kernels raise while they are not validated
-    (:func:`.features.kernel_mask`). Softcap and sinks do not change the order.
+    kernels run (:func:`.launch.bwd_launch`), or raises what the kernels refuse (:func:`.features.kernel_mask`). Softcap and sinks do not change the order.
     """
     checks.check_options(None, causal, deterministic, schedule, sm_margin, False)
     deterministic = checks.resolve_deterministic(deterministic)

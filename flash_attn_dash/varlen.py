@@ -96,8 +96,7 @@ def flash_attn_varlen_func(
             every sequence's rows (so its bits depend on the whole pack, unlike each document's dq/dk/dv). On CUDA
             tensors whether the window is the full or causal mask is decided on ``max_seqlen_q``/``max_seqlen_k``
             (FlashAttention-3's rule), and what :func:`flash_attn_dash.flash_attn_func` refuses there (a softcap
-            until its kernels pass their GPU tests, a softcap with a sliding window or a sink) raises
-            NotImplementedError.
+            with a sink) raises NotImplementedError.
         deterministic: make dq/dk/dv bitwise reproducible run to run, and each sequence's bits independent of the
             pack: of the other sequences, their number, its position, ``sm_margin`` and the SM count (with a
             portable order, below). None (the default) follows ``torch.are_deterministic_algorithms_enabled()``.

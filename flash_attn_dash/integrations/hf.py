@@ -221,9 +221,8 @@ def attention_forward(
             itself and the ``sliding_window - 1`` tokens before it, per sequence when padded or packed.
         softcap: Gemma2's ``attn_logit_softcapping`` (None: off), passed as ``softcap``.
         s_aux: gpt-oss's per-head sinks, passed as ``learnable_sink`` as they are (their gradient reaches them).
-            On CUDA tensors what the kernels refuse (a window that masks keys and a softcap until their kernels are
-            validated, a softcap on a layer whose window masks keys) raises the kernels' NotImplementedError naming
-            the argument (a window that masks nothing runs the plain kernels).
+            On CUDA tensors what no kernel is built for (a softcap with sinks) raises the kernels'
+            NotImplementedError naming both arguments (a window that masks nothing runs the plain kernels).
         scaling: softmax scale (None: head_dim ** -0.5).
         is_causal: overrides ``module.is_causal``.
         position_ids: without a mask or ``cu_seq_lens_*``, rows whose positions break (restart at 0) hold packed
