@@ -8,6 +8,7 @@
 #include <cmath>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "checks.h"
@@ -136,6 +137,73 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
 }
 
+// cu_seqlens_* (batch + 1,) and seqused_* (batch,): contiguous int32 on q's device (their values are checked on the
+// device, common/varlen.hpp).
+const int* offsets_of(const at::Tensor& t, const char* name, int64_t numel, const at::Tensor& q) {
+    TORCH_CHECK_VALUE(t.is_cuda() && t.device() == q.device() && t.scalar_type() == at::kInt && t.is_contiguous() &&
+                          t.dim() == 1 && t.numel() == numel,
+                      name, " must be a contiguous int32 tensor of shape (", num(numel), ",) on q's device");
+    return t.data_ptr<int>();
+}
+
+// The packed forward: q (total_q, h, d), k/v (total_k, h_k, d), out like q, lse (h, total_q). `status` is a pinned
+// host int32 tensor of 2 elements that the prepare CTA sets on bad offsets (common/varlen.hpp VarlenStatus).
+void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                    const at::Tensor& cu_seqlens_k, const c10::optional<at::Tensor>& seqused_q,
+                    const c10::optional<at::Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    at::Tensor& out, at::Tensor& lse, at::Tensor& status, double softmax_scale, bool causal,
+                    int64_t sm_margin, int64_t window_left, int64_t window_right,
+                    const c10::optional<at::Tensor>& sink, double softcap) {
+    c10::cuda::CUDAGuard guard(q.device());
+    for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) {
+        TORCH_CHECK_VALUE(t->dim() == 3, name, " must be 3-D (total, heads, head_dim), got ", shape_of(*t));
+    }
+    TORCH_CHECK(out.sizes() == q.sizes(), "out must have shape ", shape_of(q), ", got ", shape_of(out));
+    FwdParams p{};
+    // The packed tensors as one batch of packed rows: every check of the dense call holds for them.
+    set_fwd_params(p, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale, causal, sm_margin, window_left,
+                   window_right, softcap);
+    check_output(out.unsqueeze(0), "out", q.unsqueeze(0));
+    if (sink.has_value()) { p.sink = heads_vector(*sink, "sink", q.unsqueeze(0)); }
+    const int64_t batch = cu_seqlens_q.numel() - 1;
+    TORCH_CHECK_VALUE(batch >= 0 && batch < (int64_t(1) << 26), "cu_seqlens_q must have 1 to 2^26 elements, got ",
+                      num(batch + 1));
+    p.varlen.cu_seqlens_q = offsets_of(cu_seqlens_q, "cu_seqlens_q", batch + 1, q);
+    p.varlen.cu_seqlens_k = offsets_of(cu_seqlens_k, "cu_seqlens_k", batch + 1, q);
+    p.varlen.seqused_q = seqused_q.has_value() ? offsets_of(*seqused_q, "seqused_q", batch, q) : nullptr;
+    p.varlen.seqused_k = seqused_k.has_value() ? offsets_of(*seqused_k, "seqused_k", batch, q) : nullptr;
+    TORCH_CHECK_VALUE(max_seqlen_q >= 1 && max_seqlen_q <= INT32_MAX && max_seqlen_k >= 1 && max_seqlen_k <= INT32_MAX,
+                      "max_seqlen_q and max_seqlen_k must be in [1, 2^31), got ", num(max_seqlen_q), " and ",
+                      num(max_seqlen_k));
+    p.varlen.max_seqlen_q = static_cast<int>(max_seqlen_q);
+    p.varlen.max_seqlen_k = static_cast<int>(max_seqlen_k);
+    TORCH_CHECK_VALUE(lse.is_cuda() && lse.device() == q.device() && lse.scalar_type() == at::kFloat &&
+                          lse.is_contiguous() && lse.dim() == 2 && lse.size(0) == q.size(1) && lse.size(1) == q.size(0),
+                      "lse must be a contiguous fp32 tensor of shape (heads, total_q) = (", num(q.size(1)), ", ",
+                      num(q.size(0)), ") on q's device");
+    TORCH_CHECK_VALUE(!status.is_cuda() && status.is_pinned() && status.scalar_type() == at::kInt &&
+                          status.is_contiguous() && status.numel() == 2,
+                      "status must be a pinned host int32 tensor of 2 elements");
+    void* status_device = nullptr;
+    C10_CUDA_CHECK(cudaHostGetDevicePointer(&status_device, status.data_ptr(), 0));
+    p.varlen.status = static_cast<VarlenStatus*>(status_device);
+    p.batch = static_cast<int>(batch);
+    p.out = out.data_ptr();
+    p.o_stride = strides_of(out.unsqueeze(0));
+    p.lse = lse.data_ptr<float>();
+    if (out.is_contiguous()) {
+        p.varlen.poison = out.data_ptr();
+        p.varlen.poison_count = out.numel();
+    }
+    const int64_t capacity = varlen_tile_capacity(q.size(0), batch, kVarlenMinRows, static_cast<int>(q.size(1)));
+    TORCH_CHECK_VALUE(capacity < INT32_MAX, "the pack has too many tiles for 32-bit tile indices: (total_q / ",
+                      num(kVarlenMinRows), " + batch) * heads = ", num(capacity), " must be < 2^31");
+    auto workspace = at::empty({varlen_workspace_bytes(batch, capacity)}, q.options().dtype(at::kByte));
+    p.varlen.workspace = workspace.data_ptr();
+    const auto& entry = find_entry(fwd_kernels(), p.head_dim, q.scalar_type(), "forward");
+    launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
+}
+
 void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
              const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
              const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
@@ -201,6 +269,7 @@ std::vector<std::string> instantiations() {
 TORCH_LIBRARY_IMPL(flash_attn_dash, CUDA, m) {
     m.impl("fwd_out", &flash_dash::fwd_out);
     m.impl("bwd_out", &flash_dash::bwd_out);
+    m.impl("varlen_fwd_out", &flash_dash::varlen_fwd_out);
 }
 
 PYBIND11_MODULE(_C, m) {

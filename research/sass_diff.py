@@ -25,7 +25,12 @@ _BWD3 = r"(bwd_kernel_sm90<[\w:]*BwdTraits<[^<>]*>(?:, (?:true|false)){2})"
 _FWD2 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false)){2})"
 # The GQA fold flag (bwd GqaFold, the kernel's last template argument), newer still, goes before them: false is
 # the kernel that existed before it.
-KEY_RULES = [(re.compile(r"(bwd_kernel_sm90<.*?)(>?), false>\("), lambda m: m.group(1) + m.group(2) + (" >(" if m.group(2) else ">(")),
+# The forward's varlen flag (kVarlen, its last template argument), newer than all of them, goes first: false is the
+# kernel that existed before it.
+_FWD4 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false)){3})"
+KEY_RULES = [(re.compile(_FWD4 + r", false>"), r"\1>"),
+             (re.compile(_FWD4 + r", true>"), r"\1, VARLEN>"),
+             (re.compile(r"(bwd_kernel_sm90<.*?)(>?), false>\("), lambda m: m.group(1) + m.group(2) + (" >(" if m.group(2) else ">(")),
              (re.compile(_BWD3 + r", false(, (?:true|false),)"), r"\1\2"),
              (re.compile(_BWD3 + r", true(, (?:true|false),)"), r"\1, SOFTCAP\2"),
              (re.compile(_FWD2 + r", false>"), r"\1>"),

@@ -1,8 +1,10 @@
 // Torch-free parameter blocks shared by the binding (csrc/) and the kernels (hopper/).
-// Tensors are (batch, seqlen, heads, head_dim) with the last dim contiguous; strides are in elements.
+// Tensors are (batch, seqlen, heads, head_dim) with the last dim contiguous (packed: (rows, heads, head_dim)); strides
+// are in elements.
 #pragma once
 #include <cstdint>
 
+#include "common/varlen.hpp"
 #include "common/window.hpp"
 #include "generated/schedule_ids.h"
 
@@ -30,6 +32,9 @@ struct FwdParams {
     int window_left, window_right;
     const float* sink;  // (heads,) fp32 learnable sink logits (gpt-oss), or nullptr (lse includes it)
     int num_sms;     // CTAs the persistent grid may use: SM count - sm_margin
+    // A packed launch where varlen.cu_seqlens_q is set: batch is then the number of sequences, seqlen_q / seqlen_k
+    // the packed rows (q, out: (total_q, h, d); k, v: (total_k, h_k, d); batch strides unused), lse (h, total_q).
+    VarlenArgs varlen;
 };
 
 struct BwdParams : FwdParams {

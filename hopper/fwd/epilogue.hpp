@@ -12,7 +12,8 @@
 
 namespace flash_dash {
 
-template <class Traits>
+// kVarlen: tiles of packed sequences (Traits::Seq), whose O blocks may straddle their sequence's ends.
+template <class Traits, bool kVarlen>
 struct FwdEpilogueSm90 {
     using Element = typename Traits::Element;
     using Params = typename Traits::Params;
@@ -21,14 +22,20 @@ struct FwdEpilogueSm90 {
     static constexpr int kHeadDim = Traits::kHeadDim;
     // Staged O is written and stored in one row block per consumer WG, by that WG's threads.
     static constexpr int kPartThreads = 128;
-    // Whether rows [row, row + n) meet [0, seqlen_q) (rows < 0 exist in the first tile of a causal call).
-    CUTE_DEVICE static bool in_rows(Params const& p, int row, int n = 1) { return row < p.seqlen_q && row + n > 0; }
+    using Seq = typename Traits::template Seq<kVarlen>;
+    // Whether rows [row, row + n) meet [0, seqlen_q) of the sequence (rows < 0 exist in the first tile of a causal
+    // call).
+    CUTE_DEVICE static bool in_rows(Seq const& seq, int row, int n = 1) { return row < seq.seqlen_q() && row + n > 0; }
+    // Whether rows [row, row + n) lie inside [0, seqlen_q).
+    CUTE_DEVICE static bool all_rows(Seq const& seq, int row, int n) { return row >= 0 && row + n <= seq.seqlen_q(); }
 
     // rO: normalised O fragment of the PV TiledMMA, already in the output type; lse: per owned row
-    // (natural log). Rows >= seqlen_q are not written (lse: predicate; O: the TMA store clips the box).
+    // (natural log). Rows outside the sequence are not written (lse: predicate; O: the TMA store clips the box at
+    // the tensor's end; a packed sequence's block that straddles its ends is copied row by row instead, since its
+    // box would write the neighbours' rows).
     template <class TensorO, int kNRows>
     CUTE_DEVICE static void store(Params const& p, SharedStorage& ss, TensorO const& rO,
-                                  float const (&lse)[kNRows], FwdTile const& tile, int tid) {
+                                  float const (&lse)[kNRows], FwdTile const& tile, Seq const& seq, int tid) {
         using namespace cute;
         typename Traits::TiledMmaPV mma_pv;
         auto thr_pv = mma_pv.get_thread_slice(tid);
@@ -39,11 +46,11 @@ struct FwdEpilogueSm90 {
         Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
         static_assert(decltype(size<0>(tOcO_rc))::value == kNRows);
         if (tid % 4 == 0) {
-            float* lse_ptr = p.lse + (int64_t(tile.batch) * p.num_heads + tile.head) * int64_t(p.seqlen_q);
+            float* lse_ptr = p.lse + (int64_t(seq.batch()) * p.num_heads + tile.head) * int64_t(p.seqlen_q) + seq.q_start();
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kNRows; ++r) {
-                int const row = Traits::first_row(p, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
-                if (in_rows(p, row)) { lse_ptr[row] = lse[r]; }
+                int const row = Traits::first_row(seq, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
+                if (in_rows(seq, row)) { lse_ptr[row] = lse[r]; }
             }
         }
 
@@ -51,11 +58,12 @@ struct FwdEpilogueSm90 {
             // Straight from registers: columns (c, c+1) of a row are adjacent in the fragment and in
             // memory (c even), so each thread writes 4-byte pairs. Rows >= seqlen_q are skipped.
             Tensor rO_rc = make_rowcol_view(rO);
-            Element* base = p.o_ptr + int64_t(tile.batch) * p.o_batch_stride + int64_t(tile.head) * p.o_head_stride;
+            Element* base = p.o_ptr + int64_t(seq.batch()) * p.o_batch_stride + int64_t(tile.head) * p.o_head_stride +
+                            int64_t(seq.q_start()) * p.o_row_stride;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < kNRows; ++r) {
-                int const row = Traits::first_row(p, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
-                if (in_rows(p, row)) {
+                int const row = Traits::first_row(seq, tile.m_block) + int(get<0>(tOcO_rc(r, 0)));
+                if (in_rows(seq, row)) {
                     Element* dst_row = base + int64_t(row) * p.o_row_stride;
                     CUTLASS_PRAGMA_UNROLL
                     for (int c = 0; c < size<1>(rO_rc); c += 2) {
@@ -88,15 +96,40 @@ struct FwdEpilogueSm90 {
             named_barrier_sync(kPartThreads, bar_id);
 
             // A block wholly outside [0, seqlen_q) is not stored.
-            if (t == 0 && in_rows(p, Traits::first_row(p, tile.m_block) + part * Traits::kORows, Traits::kORows)) {
+            if constexpr (kVarlen) {
+                int const block_row = Traits::first_row(seq, tile.m_block) + part * Traits::kORows;
+                if (!all_rows(seq, block_row, Traits::kORows)) {
+                    if (in_rows(seq, block_row, Traits::kORows)) { store_rows(p, sO, tile, seq, block_row, t); }
+                    return;
+                }
+            }
+            if (t == 0 && in_rows(seq, Traits::first_row(seq, tile.m_block) + part * Traits::kORows, Traits::kORows)) {
                 Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
-                Tensor gO = local_tile(Traits::rows_from_first_block(p, mO(_, _, tile.head, tile.batch)),
+                Tensor gO = local_tile(Traits::rows_from_first_block(seq, mO(_, _, tile.head, seq.batch())),
                                        Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
                                        make_coord(tile.m_block * Traits::kOParts + part, _0{}));
                 auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                                   group_modes<0, 2>(gO));
                 copy(p.tma_o, tOsO, tOgO);
                 tma_store_arrive();
+            }
+        }
+    }
+
+    // The staged block's rows inside the sequence, 16 bytes per thread and step (the swizzle keeps 8-element
+    // chunks of a row together), by the part's threads; they read what the part's barrier made visible, and the
+    // next tile's barrier keeps its writes behind these reads.
+    template <class TensorS>
+    CUTE_DEVICE static void store_rows(Params const& p, TensorS const& sO, FwdTile const& tile, Seq const& seq,
+                                       int block_row, int t) {
+        constexpr int kChunks = kHeadDim / 8;
+        Element* base = p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride;
+        for (int i = t; i < Traits::kORows * kChunks; i += kPartThreads) {
+            int const r = i / kChunks, c = (i - r * kChunks) * 8;
+            int const row = block_row + r;
+            if (row >= 0 && row < seq.seqlen_q()) {
+                *reinterpret_cast<uint4*>(base + int64_t(row) * p.o_row_stride + c) =
+                    *reinterpret_cast<uint4 const*>(&sO(r, c));
             }
         }
     }

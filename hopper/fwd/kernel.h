@@ -16,14 +16,15 @@
 
 namespace flash_dash {
 
-// kWindow: the kernel of sliding windows; kSink: of learnable sinks; kSoftcap: of softcaps (FwdMainloopSm90).
-template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
+// kWindow: the kernel of sliding windows; kSink: of learnable sinks; kSoftcap: of softcaps; kVarlen: of packed
+// sequences, whose tiles come from the prepare CTA's table (FwdMainloopSm90).
+template <class Traits, bool kWindow, bool kSink, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_kernel_sm90(CUTE_GRID_CONSTANT typename Traits::Params const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     using namespace cute;
-    using Mainloop = FwdMainloopSm90<Traits, kWindow, kSink, kSoftcap>;
-    using Epilogue = FwdEpilogueSm90<Traits>;
+    using Mainloop = FwdMainloopSm90<Traits, kWindow, kSink, kSoftcap, kVarlen>;
+    using Epilogue = FwdEpilogueSm90<Traits, kVarlen>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
     using PipelineKV = typename Traits::PipelineKV;
@@ -60,7 +61,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     PipelineKV pipe_v(ss.pipeline_v, pkv, Shape<_1, _1, _1>{});
     __syncthreads();
 
-    FwdTileScheduler const sched(params.num_m_blocks, params.num_heads, params.batch, params.is_causal, int(gridDim.x));
+    auto const sched = [&] {
+        if constexpr (kVarlen) {
+            return FwdVarlenScheduler{params.varlen_tiles, *params.varlen_num_tiles, params.num_heads, int(gridDim.x)};
+        } else {
+            return FwdTileScheduler(params.num_m_blocks, params.num_heads, params.batch, params.is_causal,
+                                    int(gridDim.x));
+        }
+    }();
 
     if (is_producer) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
@@ -80,7 +88,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
             rescale_rows(tO_rc, inv_sum);
             Tensor rO = make_tensor_like<typename Traits::Element>(tOrO);
             convert_fragment(tOrO, rO);
-            Epilogue::store(params, ss, rO, lse, tile, tid);
+            Epilogue::store(params, ss, rO, lse, tile, Mainloop::seq_of(params, tile), tid);
         };
         Mainloop::consume(params, ss, sched, pipe_q, pipe_k, pipe_v, tid, tOrO, softmax, tile_done);
         Epilogue::finish(tid);

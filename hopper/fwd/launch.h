@@ -19,12 +19,25 @@
 
 namespace flash_dash {
 
+// The prepare CTA of a packed launch (common/varlen.hpp), before the kernel on the same stream: the forward's tiles
+// are the sequences' query blocks, longest first on causal masks.
+template <class Traits>
+void launch_varlen_prepare(FwdParams const& p, cudaStream_t stream) {
+    static_assert(Traits::kBlockM >= kVarlenMinRows, "the binding sizes the tile table for kVarlenMinRows-row blocks");
+    VarlenTiling const tiling{Traits::kBlockM, p.num_heads, /*key_blocks=*/false, /*longest_first=*/p.is_causal};
+    varlen_prepare_kernel<<<1, kVarlenPrepareThreads, 0, stream>>>(p.varlen, p.batch, p.seqlen_q, p.seqlen_k, tiling,
+                                                                   p.lse, int64_t(p.num_heads) * p.seqlen_q);
+    check_launch("varlen prepare kernel");
+}
+
 template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
 void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch) {
     using namespace cute;
     using Element = typename Traits::Element;
     using GmemLayoutT = typename Traits::GmemLayoutT;
     constexpr int kHeadDim = Traits::kHeadDim;
+    bool const varlen = p.varlen.cu_seqlens_q != nullptr;
+    int const batch = varlen ? 1 : p.batch;  // the descriptors' batch: a pack is one batch of packed rows
 
     auto gmem_layout = [](int seqlen, int heads, int batch, TensorStrides const& s) {
         return make_layout(make_shape(int32_t(seqlen), int32_t(kHeadDim), int32_t(heads), int32_t(batch)),
@@ -32,10 +45,10 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     };
     // seqlen_k == 0 still needs a valid K/V descriptor (no block is ever loaded): use 1 row.
     int const sk_desc = std::max(p.seqlen_k, 1);
-    GmemLayoutT const lq = gmem_layout(p.seqlen_q, p.num_heads, p.batch, p.q_stride);
-    GmemLayoutT const lk = gmem_layout(sk_desc, p.num_heads_k, p.batch, p.k_stride);
-    GmemLayoutT const lv = gmem_layout(sk_desc, p.num_heads_k, p.batch, p.v_stride);
-    GmemLayoutT const lo = gmem_layout(p.seqlen_q, p.num_heads, p.batch, p.o_stride);
+    GmemLayoutT const lq = gmem_layout(p.seqlen_q, p.num_heads, batch, p.q_stride);
+    GmemLayoutT const lk = gmem_layout(sk_desc, p.num_heads_k, batch, p.k_stride);
+    GmemLayoutT const lv = gmem_layout(sk_desc, p.num_heads_k, batch, p.v_stride);
+    GmemLayoutT const lo = gmem_layout(p.seqlen_q, p.num_heads, batch, p.o_stride);
 
     typename Traits::Params kp{
         Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQStage, Traits::kBlockM>(
@@ -51,7 +64,7 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         p.seqlen_k,
         p.num_heads,
         p.num_heads_k,
-        p.batch,
+        batch,
         std::max(1, p.num_heads / std::max(1, p.num_heads_k)),
         (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM,
         // The softcap kernels' softmax sees tanh(S * softcap_prescale): its units are softcap's (Traits::Params).
@@ -68,18 +81,35 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         0,
         Traits::kL2Prefetch && l2_prefetch,
         kSoftcap ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f,
+        nullptr,  // the varlen views, table and count: set below for a packed launch
+        nullptr,
+        nullptr,
     };
     // A multiple of the O store's row block, so that no TMA store box starts at a negative row: the
     // first H200 test of this option, with m_offset = 191 and so a box at row -63, died with an illegal
     // instruction. Blocks of the first tile are now wholly below row 0 (skipped) or start at row >= 0.
-    if (p.is_causal) {
-        kp.m_offset = (kp.num_m_blocks * Traits::kBlockM - p.seqlen_q) / Traits::kORows * Traits::kORows;
-    }
+    // (Packed sequences take theirs on the device, Traits::seq_of.)
+    if (p.is_causal) { kp.m_offset = Traits::causal_m_offset(p.seqlen_q); }
 
+    if (varlen) {
+        VarlenWorkspace const w = varlen_workspace(p.varlen.workspace, p.batch);
+        kp.varlen_seqs = w.seqs;
+        kp.varlen_tiles = w.tiles;
+        kp.varlen_num_tiles = w.num_tiles;
+        launch_varlen_prepare<Traits>(p, stream);
+        // The table's size is known on the device only: launch for its upper bound (idle CTAs exit at once).
+        int64_t const capacity = varlen_tile_capacity(p.seqlen_q, p.batch, Traits::kBlockM, p.num_heads);
+        int const grid = int(std::max<int64_t>(1, std::min<int64_t>(capacity, p.num_sms)));
+        constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink, kSoftcap, true>;
+        allow_dynamic_smem<kernel>(Traits::kSmemBytes);
+        kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
+        check_launch("varlen forward kernel");
+        return;
+    }
     int const total_tiles = kp.num_m_blocks * p.num_heads * p.batch;
     int const grid = FwdTileScheduler::grid_size(total_tiles, p.num_sms, /*equal_tiles=*/!p.is_causal);
 
-    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink, kSoftcap>;
+    constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink, kSoftcap, false>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::kNumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("forward kernel");

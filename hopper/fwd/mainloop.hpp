@@ -18,8 +18,10 @@ namespace flash_dash {
 // kWindow: the kernel of sliding windows (a causal launch with a left side or a right side other than 0); the
 // others compile without the window's bounds. kSink: the kernel of learnable sinks (Params::sink), whose rows'
 // softmax denominators gain exp(sink[head]). kSoftcap: the kernel of softcaps, whose softmax sees
-// tanh(S * softcap_prescale) in place of S (and softcap's units, Traits::Params), masked after the tanh.
-template <class Traits, bool kWindow, bool kSink, bool kSoftcap>
+// tanh(S * softcap_prescale) in place of S (and softcap's units, Traits::Params), masked after the tanh. kVarlen:
+// the kernel of packed sequences, whose tiles' rows and keys are relative to their sequence (Traits::seq_of).
+// Sched: FwdTileScheduler, or FwdVarlenScheduler for kVarlen.
+template <class Traits, bool kWindow, bool kSink, bool kSoftcap, bool kVarlen>
 struct FwdMainloopSm90 {
     using Element = typename Traits::Element;
     using Params = typename Traits::Params;
@@ -28,6 +30,7 @@ struct FwdMainloopSm90 {
     using PipelineKV = typename Traits::PipelineKV;
     using StateQ = typename PipelineQ::PipelineState;
     using StateKV = typename PipelineKV::PipelineState;
+    using Seq = typename Traits::template Seq<kVarlen>;
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kHeadDim = Traits::kHeadDim;
@@ -59,22 +62,26 @@ struct FwdMainloopSm90 {
     // The K/V blocks the m-block visits: [n_block_min, n_block_max); none (max <= min) when no row sees a key
     // (fwd/block_range.hpp).
     using Blocks = FwdBlockRange<kBlockM, kBlockN, kWindow>;
-    CUTE_DEVICE static FwdMaskShape mask_shape(Params const& p) {
-        return {p.seqlen_q, p.seqlen_k, p.is_causal, p.window_left, p.window_right};
+    CUTE_DEVICE static FwdMaskShape mask_shape(Params const& p, Seq const& seq) {
+        return {seq.seqlen_q(), seq.seqlen_k(), p.is_causal, p.window_left, p.window_right};
     }
-    CUTE_DEVICE static int n_block_max(Params const& p, int m_block) {
-        return Blocks::n_max(mask_shape(p), Traits::first_row(p, m_block));
+    CUTE_DEVICE static int n_block_max(Params const& p, Seq const& seq, int m_block) {
+        return Blocks::n_max(mask_shape(p, seq), Traits::first_row(seq, m_block));
     }
-    CUTE_DEVICE static int n_block_min(Params const& p, int m_block) {
-        return Blocks::n_min(mask_shape(p), Traits::first_row(p, m_block));
+    CUTE_DEVICE static int n_block_min(Params const& p, Seq const& seq, int m_block) {
+        return Blocks::n_min(mask_shape(p, seq), Traits::first_row(seq, m_block));
+    }
+    CUTE_DEVICE static Seq seq_of(Params const& p, FwdTile const& tile) {
+        return Traits::template seq_of<kVarlen>(p, tile.batch);
     }
 
     // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
     // Order per tile: Q, K[n_max-1], then (K[n-1], V[n]) for n = n_max-1 .. 0, matching the
     // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n]. With two Q buffers the next
     // tile's Q is issued early, after this tile's second K.
-    CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
-                                 PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v) {
+    template <class Sched>
+    CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, Sched const& sched, PipelineQ& pipe_q,
+                                 PipelineKV& pipe_k, PipelineKV& pipe_v) {
         using namespace cute;
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
         Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
@@ -93,13 +100,15 @@ struct FwdMainloopSm90 {
         // The CTA's next tile after t that loads anything (>= sched.total: none).
         auto next_loading_tile = [&](int t) {
             for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
-                int const m = sched.decode(t).m_block;
-                if (n_block_max(p, m) > n_block_min(p, m)) { break; }
+                FwdTile const tile = sched.decode(t);
+                Seq const seq = seq_of(p, tile);
+                if (n_block_max(p, seq, tile.m_block) > n_block_min(p, seq, tile.m_block)) { break; }
             }
             return t;
         };
         auto load_q = [&](FwdTile const& tile) {
-            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+            Seq const seq = seq_of(p, tile);
+            Tensor gQ = local_tile(Traits::rows_from_first_block(seq, mQ(_, _, tile.head, seq.batch())),
                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
             auto [tQgQ, tQsQ] = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                               group_modes<0, 2>(gQ));
@@ -112,15 +121,16 @@ struct FwdMainloopSm90 {
         // tile boundaries in lockstep, so without it every CTA asks DRAM for a new Q (and the heads of the
         // next round their K/V) within the ~2 blocks its loads run ahead.
         auto prefetch_l2 = [&](FwdTile const& tile) {
-            int const n_max = n_block_max(p, tile.m_block);
-            int const n_min = n_block_min(p, tile.m_block);
+            Seq const seq = seq_of(p, tile);
+            int const n_max = n_block_max(p, seq, tile.m_block);
+            int const n_min = n_block_min(p, seq, tile.m_block);
             int const head_k = tile.head / p.head_ratio;
-            Tensor gQ = local_tile(Traits::rows_from_first_block(p, mQ(_, _, tile.head, tile.batch)),
+            Tensor gQ = local_tile(Traits::rows_from_first_block(seq, mQ(_, _, tile.head, seq.batch())),
                                    Shape<Int<kBlockM>, Int<kHeadDim>>{}, make_coord(tile.m_block, _0{}));
-            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                   make_coord(_, _0{}));
-            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                   make_coord(_, _0{}));
+            Tensor gK = local_tile(Traits::keys_of(seq, mK(_, _, head_k, seq.batch())),
+                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+            Tensor gV = local_tile(Traits::keys_of(seq, mV(_, _, head_k, seq.batch())),
+                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
             cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                                          group_modes<0, 2>(gQ))));
             Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -136,15 +146,16 @@ struct FwdMainloopSm90 {
 
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
-            int const n_max = n_block_max(p, tile.m_block);
-            int const n_min = n_block_min(p, tile.m_block);
+            Seq const seq = seq_of(p, tile);
+            int const n_max = n_block_max(p, seq, tile.m_block);
+            int const n_min = n_block_min(p, seq, tile.m_block);
             if (n_max <= n_min) { continue; }  // consumers write zeros / -inf without loading
             int const head_k = tile.head / p.head_ratio;
 
-            Tensor gK = local_tile(mK(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                   make_coord(_, _0{}));  // (N, d, n_blocks)
-            Tensor gV = local_tile(mV(_, _, head_k, tile.batch), Shape<Int<kBlockN>, Int<kHeadDim>>{},
-                                   make_coord(_, _0{}));
+            Tensor gK = local_tile(Traits::keys_of(seq, mK(_, _, head_k, seq.batch())),
+                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n_blocks)
+            Tensor gV = local_tile(Traits::keys_of(seq, mV(_, _, head_k, seq.batch())),
+                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
             auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                               group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -194,8 +205,8 @@ struct FwdMainloopSm90 {
     // Tiles without a visible key (n_max == 0, causal with seqlen_q > seqlen_k) get tile_done with
     // O = 0, inv_sum = 0 and lse = -inf. Every consumer WG makes the same steps, so the round robin
     // sees one sync/arrive pair per step from each.
-    template <class TensorO, class Softmax, class TileDone>
-    CUTE_DEVICE static void consume(Params const& p, SharedStorage& ss, FwdTileScheduler const& sched,
+    template <class Sched, class TensorO, class Softmax, class TileDone>
+    CUTE_DEVICE static void consume(Params const& p, SharedStorage& ss, Sched const& sched,
                                     PipelineQ& pipe_q, PipelineKV& pipe_k, PipelineKV& pipe_v, int tid,
                                     TensorO& tOrO, Softmax& softmax, TileDone&& tile_done) {
         using namespace cute;
@@ -221,17 +232,20 @@ struct FwdMainloopSm90 {
         Tensor tScS = thr_qk.partition_C(cS);
         Tensor tScS_rc = make_tensor(tScS.data(), acc_layout_rowcol(tScS.layout()));
 
-        int const offset = p.seqlen_k - p.seqlen_q;
-        // Mask keys >= seqlen_k and, if causal or windowed, keys outside [i + offset - left, i + offset + right].
-        // Only blocks that straddle a boundary need it; the steps pick a masking or a plain body before issuing
-        // their GEMMs.
-        auto needs_mask = [&](int row0, int n_block) { return Blocks::needs_mask(mask_shape(p), row0, n_block); };
-        auto apply_mask = [&](int row0, int n_block) {
+        // Mask keys >= seqlen_k and, if causal or windowed, keys outside [i + offset - left, i + offset + right]
+        // (offset = seqlen_k - seqlen_q of the tile's sequence). Only blocks that straddle a boundary need it; the
+        // steps pick a masking or a plain body before issuing their GEMMs.
+        int const dense_offset = p.seqlen_k - p.seqlen_q;  // the dense kernels' offset, for every tile
+        auto needs_mask = [&](Seq const& seq, int row0, int n_block) {
+            return Blocks::needs_mask(mask_shape(p, seq), row0, n_block);
+        };
+        auto apply_mask = [&](Seq const& seq, int row0, int n_block) {
             int const col0 = n_block * kBlockN;
+            int const offset = kVarlen ? seq.seqlen_k() - seq.seqlen_q() : dense_offset;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < size<0>(tS_rc); ++r) {
                 int const row = row0 + get<0>(tScS_rc(r, 0));
-                int limit = p.seqlen_k;
+                int limit = seq.seqlen_k();
                 if constexpr (kWindow) {
                     limit = min(limit, row + offset + p.window_right + 1) - col0;
                     int const first = row + offset - p.window_left - col0;
@@ -304,8 +318,9 @@ struct FwdMainloopSm90 {
 
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             FwdTile const tile = sched.decode(t);
-            int const n_max = n_block_max(p, tile.m_block);
-            int const n_min = n_block_min(p, tile.m_block);
+            Seq const seq = seq_of(p, tile);
+            int const n_max = n_block_max(p, seq, tile.m_block);
+            int const n_min = n_block_min(p, seq, tile.m_block);
             if (n_max <= n_min) {
                 if (pv_pending) { flush(); }
                 softmax.reset();
@@ -313,7 +328,7 @@ struct FwdMainloopSm90 {
                 tile_done(tile, inv_sum, lse);
                 continue;
             }
-            int const row0 = Traits::first_row(p, tile.m_block);
+            int const row0 = Traits::first_row(seq, tile.m_block);
             int n = n_max - 1;
             pipe_q.consumer_wait(st_q);
             if (!pv_pending) {  // the CTA's first block, or the first after a flush: S alone
@@ -333,7 +348,7 @@ struct FwdMainloopSm90 {
                 softmax.reset();
                 if constexpr (kSoftcap) { apply_softcap(); }
                 // (written out: defining masked_if_needed below before this block changed hdim 64's SASS)
-                if (needs_mask(row0, n)) { apply_mask(row0, n); }
+                if (needs_mask(seq, row0, n)) { apply_mask(seq, row0, n); }
                 softmax.online(tS_rc, o_scale);  // O is zero: no rescale
                 convert_fragment(tSrS, rP);
                 pv_pending = true;
@@ -421,19 +436,19 @@ struct FwdMainloopSm90 {
                 pv_tile = tile;
             };
             // What a step does to S before its softmax.
-            auto masked = [&](int n_block) { apply_mask(row0, n_block); };
+            auto masked = [&](int n_block) { apply_mask(seq, row0, n_block); };
             auto unmasked = [](int) {};
             auto masked_if_needed = [&](int n_block) {
-                if (needs_mask(row0, n_block)) { apply_mask(row0, n_block); }
+                if (needs_mask(seq, row0, n_block)) { apply_mask(seq, row0, n_block); }
             };
             if constexpr (kPin) {
                 // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk; a window's
                 // left edge cuts the last ones (below n_unmasked_min), which the masked loop then runs again
                 // (a third copy of the step made ptxas spill).
-                int const n_unmasked_min = Blocks::unmasked_min(mask_shape(p), row0, n_min);
+                int const n_unmasked_min = Blocks::unmasked_min(mask_shape(p, seq), row0, n_min);
                 do {
                     CUTLASS_PRAGMA_NO_UNROLL
-                    for (; n >= n_min && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
+                    for (; n >= n_min && needs_mask(seq, row0, n); --n) { step(masked, n == n_max - 1); }
                     CUTLASS_PRAGMA_NO_UNROLL
                     for (; n >= n_unmasked_min; --n) { step(unmasked, n == n_max - 1); }
                 } while (kWindow && n >= n_min);

@@ -9,6 +9,7 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "common/sm90_limits.hpp"
+#include "common/varlen.hpp"
 #include "common/utils.hpp"
 
 namespace flash_dash {
@@ -157,15 +158,71 @@ struct FwdKernelTraits {
         // kL2Prefetch kernels: the producer prefetches the next tile's Q and first two K/V blocks into L2 a
         // tile ahead (see FwdMainloopSm90::load).
         bool l2_prefetch_next;
-        // Softcap kernels: softmax_scale / softcap (last, so the other kernels' parameter offsets do not move).
+        // Softcap kernels: softmax_scale / softcap (after the others, so their parameter offsets do not move).
         float softcap_prescale;
+        // Varlen kernels: the prepare CTA's sequence views, tile table and tile count (common/varlen.hpp); the
+        // tensors are then one batch of seqlen_q / seqlen_k packed rows.
+        VarlenSeq const* varlen_seqs;
+        VarlenTile const* varlen_tiles;
+        int const* varlen_num_tiles;
     };
-    // First query row of m-block m (negative for the first block of a shifted causal call).
-    CUTE_HOST_DEVICE static int first_row(Params const& p, int m_block) { return m_block * kBlockM - p.m_offset; }
-    // The (seqlen, d) view of a Q/O tensor whose row 0 is m-block 0's first row, for local_tile.
-    template <class TensorX>
-    CUTE_HOST_DEVICE static auto rows_from_first_block(Params const& p, TensorX const& mX) {
-        return cute::domain_offset(cute::make_coord(-p.m_offset, cute::_0{}), mX);
+
+    // The causal launches' shift (Params::m_offset) of a sequence of seqlen_q rows: its partial block goes first.
+    CUTE_HOST_DEVICE static int causal_m_offset(int seqlen_q) {
+        int const blocks = (seqlen_q + kBlockM - 1) / kBlockM;
+        return (blocks * kBlockM - seqlen_q) / kORows * kORows;
+    }
+
+    // Where a tile's sequence lies: the dense call's (rows from 0, the tile's batch; read from the parameters where
+    // used, as the kernels did before packs) or, in the varlen kernels, a packed sequence's (rows from its first
+    // one, batch 0; the tile's `batch` is the sequence's index).
+    struct DenseSeq {
+        Params const& p;
+        int b;
+        CUTE_HOST_DEVICE int q_start() const { return 0; }
+        CUTE_HOST_DEVICE int k_start() const { return 0; }
+        CUTE_HOST_DEVICE int seqlen_q() const { return p.seqlen_q; }
+        CUTE_HOST_DEVICE int seqlen_k() const { return p.seqlen_k; }
+        CUTE_HOST_DEVICE int m_offset() const { return p.m_offset; }
+        CUTE_HOST_DEVICE int batch() const { return b; }
+    };
+    struct PackedSeq {
+        VarlenSeq s;
+        int shift;  // the sequence's m_offset
+        CUTE_HOST_DEVICE int q_start() const { return s.q_start; }
+        CUTE_HOST_DEVICE int k_start() const { return s.k_start; }
+        CUTE_HOST_DEVICE int seqlen_q() const { return s.len_q; }
+        CUTE_HOST_DEVICE int seqlen_k() const { return s.len_k; }
+        CUTE_HOST_DEVICE int m_offset() const { return shift; }
+        CUTE_HOST_DEVICE int batch() const { return 0; }
+    };
+    template <bool kVarlen>
+    using Seq = cute::conditional_t<kVarlen, PackedSeq, DenseSeq>;
+    template <bool kVarlen>
+    CUTE_DEVICE static Seq<kVarlen> seq_of(Params const& p, int batch) {
+        if constexpr (kVarlen) {
+            VarlenSeq const s = p.varlen_seqs[batch];
+            return PackedSeq{s, p.is_causal ? causal_m_offset(s.len_q) : 0};
+        } else {
+            return DenseSeq{p, batch};
+        }
+    }
+    // First query row of m-block m of the sequence (negative for the first block of a shifted causal call).
+    template <class S>
+    CUTE_HOST_DEVICE static int first_row(S const& s, int m_block) { return m_block * kBlockM - s.m_offset(); }
+    // The (seqlen, d) view of a Q/O tensor whose row 0 is the sequence's m-block 0's first row, for local_tile.
+    template <class S, class TensorX>
+    CUTE_HOST_DEVICE static auto rows_from_first_block(S const& s, TensorX const& mX) {
+        return cute::domain_offset(cute::make_coord(s.q_start() - s.m_offset(), cute::_0{}), mX);
+    }
+    // The (seqlen_k, d) view of a K/V tensor whose row 0 is the sequence's first key.
+    template <class S, class TensorX>
+    CUTE_HOST_DEVICE static auto keys_of(S const& s, TensorX const& mX) {
+        if constexpr (cute::is_same_v<S, DenseSeq>) {
+            return mX;
+        } else {
+            return cute::domain_offset(cute::make_coord(s.k_start(), cute::_0{}), mX);
+        }
     }
 };
 

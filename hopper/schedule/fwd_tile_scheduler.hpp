@@ -10,8 +10,11 @@
 //    lies inside one group and is sorted longest first; rounds are dealt in alternating directions,
 //    so the CTA that took a round's longest tile takes the next round's shortest (a plain round robin
 //    would hand CTA 0 the longest tile of every round).
+//  * Varlen (FwdVarlenScheduler): the pack's tile table (common/varlen.hpp) round robin, tile t on CTA t % grid; the
+//    table lists each sequence's tiles longest first on causal masks.
 #pragma once
 #include "common/host_device.hpp"
+#include "common/varlen.hpp"
 
 namespace flash_dash {
 
@@ -83,6 +86,22 @@ struct FwdTileScheduler {
         }
         int const b = bh / num_heads;
         return {m, bh - b * num_heads, b};
+    }
+};
+
+// The varlen grid: FwdTile::batch is the tile's sequence (an index into the prepare CTA's views).
+struct FwdVarlenScheduler {
+    VarlenTile const* tiles;
+    int total;  // the table's tiles (written by the prepare CTA; the grid is sized from an upper bound)
+    int heads;
+    int grid;
+
+    FLASH_DASH_HD int next_tile(int t) const { return t + grid; }
+
+    FLASH_DASH_HD FwdTile decode(int t) const {
+        VarlenTile const e = tiles[t];
+        int const m = e.block_head / heads;
+        return {m, e.block_head - m * heads, e.seq};
     }
 };
 

@@ -1,0 +1,239 @@
+// Packed (varlen) launches: where each sequence of a pack lies and the tile table the persistent grids walk.
+//
+// The offsets (cu_seqlens_*, seqused_*) stay on the device: the host sizes the grid and the workspace from shapes
+// alone, and one prepare CTA, launched before the main kernel on the same stream, reads the offsets, checks them,
+// writes each sequence's view (VarlenSeq) and a table of the pack's tiles (VarlenTile: sequence, block, head) and
+// their count. A tile's coordinates are relative to its sequence, so a sequence runs the same tiles, masks and
+// reduction orders as alone in a dense call: its bits do not depend on its neighbours.
+//
+// Bad offsets cannot raise before the launch without a device-to-host copy; the prepare CTA instead records the
+// first error in a host-mapped status word (read by the next call on the host, flash_attn_dash/varlen_cuda.py),
+// launches no tile (count 0) and fills the outputs it was given with NaN, so that no plausible wrong answer leaves.
+#pragma once
+#include <climits>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#include <cub/block/block_scan.cuh>
+#endif
+
+#include "common/host_device.hpp"
+
+namespace flash_dash {
+
+// Rows [q_start, q_start + len_q) of the packed q attend to rows [k_start, k_start + len_k) of k and v.
+struct alignas(16) VarlenSeq {
+    int q_start, k_start, len_q, len_k;
+};
+
+// One tile of the pack: `block` is its m block (forward) or n block (backward) within sequence `seq`.
+struct alignas(8) VarlenTile {
+    int seq, block_head;  // block_head = block * heads + head
+};
+
+// What went wrong with a pack (VarlenStatus::code); flash_attn_dash/varlen_cuda.py names the argument per code.
+enum VarlenError : int {
+    kVarlenOk = 0,
+    kVarlenCuQStart = 1,      // cu_seqlens_q[0] != 0
+    kVarlenCuQOrder = 2,      // cu_seqlens_q decreases
+    kVarlenCuQEnd = 3,        // cu_seqlens_q[batch] != total_q
+    kVarlenCuKStart = 4,
+    kVarlenCuKOrder = 5,
+    kVarlenCuKEnd = 6,
+    kVarlenUsedQ = 7,         // seqused_q[i] outside [0, cu_seqlens_q[i+1] - cu_seqlens_q[i]]
+    kVarlenUsedK = 8,
+    kVarlenMaxQ = 9,          // a used query length above max_seqlen_q
+    kVarlenMaxK = 10,
+};
+
+// Host-mapped (pinned) words the prepare CTA writes: the first error's code and the sequence index it names.
+struct VarlenStatus {
+    int code, seq;
+};
+
+// The pack as the binding hands it over (device pointers; seqused_* may be null).
+struct VarlenArgs {
+    int const* cu_seqlens_q;  // (batch + 1,)
+    int const* cu_seqlens_k;
+    int const* seqused_q;     // (batch,) or nullptr
+    int const* seqused_k;
+    int max_seqlen_q, max_seqlen_k;
+    VarlenStatus* status;     // host-mapped
+    void* workspace;          // varlen_workspace_bytes(...) bytes
+    // What a rejected pack fills with NaN besides lse: the contiguous 16-bit output (forward: out; nullptr: none).
+    void* poison;
+    int64_t poison_count;
+};
+
+// The binding sizes the tile table for blocks of at least this many rows (every kernel's blocks are larger).
+constexpr int kVarlenMinRows = 64;
+
+// Tiles of a pack whose sequences' used lengths sum to at most `total` rows: each sequence's ceil(len / rows) is
+// at most len / rows + 1 (checked in 64 bits by the binding: the count must fit in int32).
+FLASH_DASH_HD int64_t varlen_tile_capacity(int64_t total, int64_t batch, int rows, int heads) {
+    return (total / rows + batch) * heads;
+}
+
+// The workspace: the views, then the tile count, then the table (16-byte aligned parts).
+struct VarlenWorkspace {
+    VarlenSeq* seqs;
+    int* num_tiles;
+    VarlenTile* tiles;
+};
+
+FLASH_DASH_HD int64_t varlen_round16(int64_t bytes) { return (bytes + 15) / 16 * 16; }
+
+FLASH_DASH_HD int64_t varlen_workspace_bytes(int64_t batch, int64_t capacity) {
+    return varlen_round16(batch * int64_t(sizeof(VarlenSeq))) + 16 + capacity * int64_t(sizeof(VarlenTile));
+}
+
+FLASH_DASH_HD VarlenWorkspace varlen_workspace(void* base, int64_t batch) {
+    char* p = static_cast<char*>(base);
+    VarlenWorkspace w;
+    w.seqs = reinterpret_cast<VarlenSeq*>(p);
+    p += varlen_round16(batch * int64_t(sizeof(VarlenSeq)));
+    w.num_tiles = reinterpret_cast<int*>(p);
+    w.tiles = reinterpret_cast<VarlenTile*>(p + 16);
+    return w;
+}
+
+// The order of a sequence's tiles in the table (tile j of a sequence with `blocks` blocks and `heads` heads):
+// longest first (block descending, heads inner, so a round of the grid runs tiles of one cost on different heads)
+// when the blocks' costs grow with the block index (causal forward), else heads outer and blocks inner (the blocks
+// of one head share its K/V in L2).
+FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, bool longest_first) {
+    if (longest_first) {
+        int const level = j / heads;
+        return (blocks - 1 - level) * heads + (j - level * heads);
+    }
+    int const head = j / blocks;
+    return (j - head * blocks) * heads + head;
+}
+
+// What the table holds: forward tiles are query blocks (a sequence without keys still writes its rows), backward
+// tiles key blocks of sequences that have queries; `rows` per block.
+struct VarlenTiling {
+    int rows, heads;
+    bool key_blocks;
+    bool longest_first;  // varlen_tile_block_head
+};
+
+// The pack's first error at boundary i (0 .. batch) as seq * 16 + code (INT_MAX: none): the lowest such key over
+// the pack names the first bad sequence, then the first rule it breaks, whichever thread finds it.
+FLASH_DASH_HD int varlen_error_at(VarlenArgs const& a, int i, int batch, int total_q, int total_k) {
+    int key = INT_MAX;
+    auto fail = [&](int code, int seq) { key = seq * 16 + code < key ? seq * 16 + code : key; };
+    int const q = a.cu_seqlens_q[i], k = a.cu_seqlens_k[i];
+    if (i == 0) {
+        if (q != 0) { fail(kVarlenCuQStart, 0); }
+        if (k != 0) { fail(kVarlenCuKStart, 0); }
+        return key;
+    }
+    int const len_q = q - a.cu_seqlens_q[i - 1], len_k = k - a.cu_seqlens_k[i - 1];
+    if (len_q < 0) { fail(kVarlenCuQOrder, i - 1); }
+    if (len_k < 0) { fail(kVarlenCuKOrder, i - 1); }
+    if (i == batch && q != total_q) { fail(kVarlenCuQEnd, batch); }
+    if (i == batch && k != total_k) { fail(kVarlenCuKEnd, batch); }
+    int const used_q = a.seqused_q != nullptr ? a.seqused_q[i - 1] : len_q;
+    int const used_k = a.seqused_k != nullptr ? a.seqused_k[i - 1] : len_k;
+    if (a.seqused_q != nullptr && (used_q < 0 || used_q > len_q)) { fail(kVarlenUsedQ, i - 1); }
+    if (a.seqused_k != nullptr && (used_k < 0 || used_k > len_k)) { fail(kVarlenUsedK, i - 1); }
+    if (used_q > a.max_seqlen_q) { fail(kVarlenMaxQ, i - 1); }
+    if (used_k > a.max_seqlen_k) { fail(kVarlenMaxK, i - 1); }
+    return key;
+}
+
+// Sequence i of a checked pack.
+FLASH_DASH_HD VarlenSeq varlen_seq(VarlenArgs const& a, int i) {
+    VarlenSeq s;
+    s.q_start = a.cu_seqlens_q[i];
+    s.k_start = a.cu_seqlens_k[i];
+    s.len_q = a.seqused_q != nullptr ? a.seqused_q[i] : a.cu_seqlens_q[i + 1] - s.q_start;
+    s.len_k = a.seqused_k != nullptr ? a.seqused_k[i] : a.cu_seqlens_k[i + 1] - s.k_start;
+    return s;
+}
+
+// The blocks of a sequence's tiles (each has `heads` tiles).
+FLASH_DASH_HD int varlen_blocks(VarlenSeq const& s, VarlenTiling const& t) {
+    int const len = t.key_blocks ? (s.len_q > 0 ? s.len_k : 0) : s.len_q;
+    return (len + t.rows - 1) / t.rows;
+}
+
+// The largest r in [0, n) with prefix[r] <= j, for non-decreasing prefix with prefix[0] <= j < prefix[n]: the
+// sequence of tile j (sequences without tiles are skipped).
+FLASH_DASH_HD int varlen_find(int const* prefix, int n, int j) {
+    int lo = 0, hi = n;
+    while (hi - lo > 1) {
+        int const mid = (lo + hi) / 2;
+        if (prefix[mid] <= j) { lo = mid; } else { hi = mid; }
+    }
+    return lo;
+}
+
+#if defined(__CUDACC__)
+
+constexpr int kVarlenPrepareThreads = 1024;
+
+// One CTA: checks the offsets (a bad pack: the status word, no tiles, NaN in a.poison and poison_lse), then writes
+// the views and the table (sequences in pack order, chunk by chunk: a block-wide scan gives the chunk's tile offsets,
+// and every thread writes table entries whose sequence it finds in the chunk's prefix sums in shared memory).
+__global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
+    varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling,
+                          float* poison_lse, int64_t poison_lse_count) {
+    constexpr int kT = kVarlenPrepareThreads;
+    using Scan = cub::BlockScan<int, kT>;
+    __shared__ typename Scan::TempStorage scan_storage;
+    __shared__ int prefix[kT + 1];  // prefix[r]: tiles of the chunk's sequences before r
+    __shared__ int blocks_of[kT];
+    __shared__ int first_error;
+    VarlenWorkspace const w = varlen_workspace(a.workspace, batch);
+    int const tid = int(threadIdx.x);
+    if (tid == 0) { first_error = INT_MAX; }
+    __syncthreads();
+    // Every check first, over the whole pack: a bad pack gets no table entry.
+    for (int i = tid; i <= batch; i += kT) {
+        int const key = varlen_error_at(a, i, batch, total_q, total_k);
+        if (key != INT_MAX) { atomicMin(&first_error, key); }
+    }
+    __syncthreads();
+    if (first_error != INT_MAX) {
+        if (tid == 0) {
+            *w.num_tiles = 0;
+            a.status->seq = first_error / 16;
+            __threadfence_system();  // the host reads code first: seq must be there when code is
+            a.status->code = first_error % 16;
+        }
+        // 0x7fff is a NaN in bf16 and in fp16.
+        for (int64_t i = tid; i < a.poison_count; i += kT) { static_cast<uint16_t*>(a.poison)[i] = 0x7fff; }
+        for (int64_t i = tid; i < poison_lse_count; i += kT) { poison_lse[i] = __int_as_float(0x7fc00000); }
+        return;
+    }
+    int base = 0;  // tiles of the chunks before
+    for (int c0 = 0; c0 < batch; c0 += kT) {
+        int const i = c0 + tid;
+        int blocks = 0;
+        if (i < batch) {
+            VarlenSeq const s = varlen_seq(a, i);
+            w.seqs[i] = s;
+            blocks = varlen_blocks(s, tiling);
+        }
+        blocks_of[tid] = blocks;
+        int before = 0, chunk_tiles = 0;
+        Scan(scan_storage).ExclusiveSum(blocks * tiling.heads, before, chunk_tiles);
+        prefix[tid] = before;
+        if (tid == 0) { prefix[kT] = chunk_tiles; }
+        __syncthreads();
+        for (int j = tid; j < chunk_tiles; j += kT) {
+            int const r = varlen_find(prefix, kT, j);
+            w.tiles[base + j] = {c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], tiling.heads,
+                                                                tiling.longest_first)};
+        }
+        base += chunk_tiles;
+        __syncthreads();  // prefix, blocks_of and the scan's storage are reused by the next chunk
+    }
+    if (tid == 0) { *w.num_tiles = base; }
+}
+
+#endif  // __CUDACC__
+
+}  // namespace flash_dash

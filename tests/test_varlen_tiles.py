@@ -1,0 +1,227 @@
+"""The varlen prepare step (hopper/common/varlen.hpp) compiled as host C++ and checked against a Python model: the
+offsets' checks (the first bad sequence, then the first rule it breaks, whatever the order threads find them), the
+sequence views, and the tile table the persistent grids walk (every (sequence, block, head) once, sequences in pack
+order, blocks longest first on causal forwards, heads outer on the others; key blocks of sequences with queries in the
+backward), built chunk by chunk as the prepare CTA builds it. CPU only: needs g++ (or c++)."""
+from __future__ import annotations
+
+import random
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from flash_attn_dash import varlen_cuda
+from host_cpp import build_host_program
+
+HEADER = Path(__file__).resolve().parents[1] / "hopper" / "common" / "varlen.hpp"
+INT_MAX = 2**31 - 1
+
+# Reads cases of: batch chunk rows heads key_blocks longest_first total_q total_k max_q max_k has_used_q has_used_k,
+# then cu_q (batch+1), cu_k (batch+1), [used_q (batch)], [used_k (batch)]. Prints "E key" for a bad pack, else the
+# views "V q_start k_start len_q len_k" and the table "T seq block_head" lines, then "END".
+MIRROR_CPP = r"""
+#include <climits>
+#include <cstdio>
+#include <vector>
+#include "common/varlen.hpp"
+
+using namespace flash_dash;
+
+int main() {
+    int batch, chunk, rows, heads, key_blocks, longest, total_q, total_k, max_q, max_k, has_uq, has_uk;
+    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &key_blocks, &longest,
+                      &total_q, &total_k, &max_q, &max_k, &has_uq, &has_uk) == 12) {
+        std::vector<int> cu_q(batch + 1), cu_k(batch + 1), uq(batch), uk(batch);
+        for (int& x : cu_q) std::scanf("%d", &x);
+        for (int& x : cu_k) std::scanf("%d", &x);
+        if (has_uq) for (int& x : uq) std::scanf("%d", &x);
+        if (has_uk) for (int& x : uk) std::scanf("%d", &x);
+        VarlenArgs a{};
+        a.cu_seqlens_q = cu_q.data();
+        a.cu_seqlens_k = cu_k.data();
+        a.seqused_q = has_uq ? uq.data() : nullptr;
+        a.seqused_k = has_uk ? uk.data() : nullptr;
+        a.max_seqlen_q = max_q;
+        a.max_seqlen_k = max_k;
+        // The check loop in reverse thread order: the reported key must not depend on who finds it first.
+        int first = INT_MAX;
+        for (int i = batch; i >= 0; --i) {
+            int const key = varlen_error_at(a, i, batch, total_q, total_k);
+            if (key < first) first = key;
+        }
+        if (first != INT_MAX) { std::printf("E %d\nEND\n", first); continue; }
+        VarlenTiling const t{rows, heads, key_blocks != 0, longest != 0};
+        for (int i = 0; i < batch; ++i) {
+            VarlenSeq const s = varlen_seq(a, i);
+            std::printf("V %d %d %d %d\n", s.q_start, s.k_start, s.len_q, s.len_k);
+        }
+        int base = 0;
+        std::vector<int> prefix(chunk + 1), blocks_of(chunk);
+        for (int c0 = 0; c0 < batch; c0 += chunk) {
+            int run = 0;
+            for (int r = 0; r < chunk; ++r) {
+                int const i = c0 + r;
+                blocks_of[r] = i < batch ? varlen_blocks(varlen_seq(a, i), t) : 0;
+                prefix[r] = run;
+                run += blocks_of[r] * heads;
+            }
+            prefix[chunk] = run;
+            for (int j = 0; j < run; ++j) {
+                int const r = varlen_find(prefix.data(), chunk, j);
+                std::printf("T %d %d\n", c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], heads,
+                                                                         longest != 0));
+            }
+            base += run;
+        }
+        std::printf("END\n");
+    }
+    return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def mirror(tmp_path_factory):
+    return build_host_program(tmp_path_factory, "varlen_tiles", MIRROR_CPP)
+
+
+def _run(exe, cases: list[dict]) -> list[list[str]]:
+    lines = []
+    for c in cases:
+        b = len(c["cu_q"]) - 1
+        head = [b, c["chunk"], c["rows"], c["heads"], int(c["key_blocks"]), int(c["longest"]), c["total_q"],
+                c["total_k"], c["max_q"], c["max_k"], int(c["used_q"] is not None), int(c["used_k"] is not None)]
+        body = c["cu_q"] + c["cu_k"] + (c["used_q"] or []) + (c["used_k"] or [])
+        lines.append(" ".join(map(str, head + body)))
+    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", capture_output=True, text=True, timeout=300,
+                         check=True).stdout
+    results, current = [], []
+    for line in out.splitlines():
+        if line == "END":
+            results.append(current)
+            current = []
+        else:
+            current.append(line)
+    return results
+
+
+def _model(c: dict) -> list[str]:
+    """What the prepare step must produce, written from the rules in the header's comments."""
+    cu_q, cu_k, uq, uk = c["cu_q"], c["cu_k"], c["used_q"], c["used_k"]
+    b = len(cu_q) - 1
+    errors = []
+    if cu_q[0] != 0:
+        errors.append(0 * 16 + 1)
+    if cu_k[0] != 0:
+        errors.append(0 * 16 + 4)
+    for i in range(b):
+        lq, lk = cu_q[i + 1] - cu_q[i], cu_k[i + 1] - cu_k[i]
+        if lq < 0:
+            errors.append(i * 16 + 2)
+        if lk < 0:
+            errors.append(i * 16 + 5)
+        used_q = uq[i] if uq is not None else lq
+        used_k = uk[i] if uk is not None else lk
+        if uq is not None and not 0 <= used_q <= lq:
+            errors.append(i * 16 + 7)
+        if uk is not None and not 0 <= used_k <= lk:
+            errors.append(i * 16 + 8)
+        if used_q > c["max_q"]:
+            errors.append(i * 16 + 9)
+        if used_k > c["max_k"]:
+            errors.append(i * 16 + 10)
+    if cu_q[b] != c["total_q"]:
+        errors.append(b * 16 + 3)
+    if cu_k[b] != c["total_k"]:
+        errors.append(b * 16 + 6)
+    if errors:
+        return [f"E {min(errors)}"]
+    views, table = [], []
+    for i in range(b):
+        lq = uq[i] if uq is not None else cu_q[i + 1] - cu_q[i]
+        lk = uk[i] if uk is not None else cu_k[i + 1] - cu_k[i]
+        views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk}")
+        length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
+        blocks = -(-length // c["rows"])
+        order = range(blocks - 1, -1, -1) if c["longest"] else range(blocks)
+        if c["longest"]:
+            table += [f"T {i} {blk * c['heads'] + h}" for blk in order for h in range(c["heads"])]
+        else:
+            table += [f"T {i} {blk * c['heads'] + h}" for h in range(c["heads"]) for blk in order]
+    return views + table
+
+
+def _pack(rng: random.Random, batch: int, longest: int, used: bool) -> dict:
+    lens_q = [rng.choice([0, 1, rng.randint(0, longest)]) for _ in range(batch)]
+    lens_k = [rng.choice([0, 1, rng.randint(0, longest)]) for _ in range(batch)]
+    cu_q, cu_k = [0], [0]
+    for a, b in zip(lens_q, lens_k):
+        cu_q.append(cu_q[-1] + a)
+        cu_k.append(cu_k[-1] + b)
+    return dict(cu_q=cu_q, cu_k=cu_k, total_q=cu_q[-1], total_k=cu_k[-1], max_q=max(lens_q + [1]),
+                max_k=max(lens_k + [1]), used_q=[rng.randint(0, n) for n in lens_q] if used else None,
+                used_k=[rng.randint(0, n) for n in lens_k] if used else None)
+
+
+def test_table_and_views_match_the_model(mirror):
+    rng = random.Random(0)
+    cases = []
+    for _ in range(300):
+        c = _pack(rng, rng.randint(0, 12), rng.choice([5, 200, 1000]), rng.random() < 0.4)
+        c.update(chunk=rng.choice([1, 3, 4, 1024]), rows=rng.choice([64, 128, 192]), heads=rng.choice([1, 3, 8]),
+                 key_blocks=rng.random() < 0.5, longest=rng.random() < 0.5)
+        cases.append(c)
+    for c, got in zip(cases, _run(mirror, cases)):
+        assert got == _model(c), c
+
+
+def test_every_tile_appears_once(mirror):
+    rng = random.Random(1)
+    c = _pack(rng, 40, 3000, False)
+    c.update(chunk=7, rows=128, heads=5, key_blocks=False, longest=True)
+    (got,) = _run(mirror, [c])
+    tiles = [tuple(map(int, line.split()[1:])) for line in got if line.startswith("T")]
+    expected = {(i, blk * 5 + h) for i in range(40) for blk in range(-(-(c["cu_q"][i + 1] - c["cu_q"][i]) // 128))
+                for h in range(5)}
+    assert len(tiles) == len(set(tiles)) and set(tiles) == expected
+
+
+@pytest.mark.parametrize("break_it,code,seq", [
+    (lambda c: c["cu_q"].__setitem__(0, 1), 1, 0),
+    (lambda c: c["cu_k"].__setitem__(0, 2), 4, 0),
+    (lambda c: c["cu_q"].__setitem__(2, c["cu_q"][1] - 1), 2, 1),
+    (lambda c: c.__setitem__("total_q", c["total_q"] + 1), 3, 4),
+    (lambda c: c.__setitem__("total_k", c["total_k"] - 1), 6, 4),
+    (lambda c: c.__setitem__("used_q", [0, 0, 10**6, 0]), 7, 2),
+    (lambda c: c.__setitem__("used_k", [0, -1, 0, 0]), 8, 1),
+    (lambda c: c.__setitem__("max_q", 1), 9, 0),
+    (lambda c: c.__setitem__("max_k", 1), 10, 0),
+], ids=["q-start", "k-start", "q-order", "q-end", "k-end", "used-q", "used-k", "max-q", "max-k"])
+def test_each_bad_offset_is_reported_with_its_sequence(mirror, break_it, code, seq):
+    c = dict(cu_q=[0, 10, 30, 60, 100], cu_k=[0, 20, 40, 60, 80], total_q=100, total_k=80, max_q=40, max_k=20,
+             used_q=None, used_k=None, chunk=1024, rows=128, heads=2, key_blocks=False, longest=False)
+    break_it(c)
+    (got,) = _run(mirror, [c])
+    assert got == [f"E {seq * 16 + code}"] == _model(c)
+    message = varlen_cuda.status_message(code, seq)
+    names = {1: "cu_seqlens_q", 2: "cu_seqlens_q", 3: "cu_seqlens_q", 4: "cu_seqlens_k", 5: "cu_seqlens_k",
+             6: "cu_seqlens_k", 7: "seqused_q", 8: "seqused_k", 9: "max_seqlen_q", 10: "max_seqlen_k"}
+    assert names[code] in message
+
+
+def test_status_messages_cover_the_header_codes():
+    """Every VarlenError code of the header has a message naming its argument, and no message a code it lacks."""
+    codes = {int(v) for v in re.findall(r"kVarlen\w+ = (\d+),", HEADER.read_text()) if int(v) != 0}
+    assert codes == set(varlen_cuda._STATUS_MESSAGES)
+
+
+def test_a_pending_error_is_raised_once(monkeypatch):
+    import torch
+    word = torch.tensor([2, 5], dtype=torch.int32)
+    monkeypatch.setattr(varlen_cuda, "status_word", lambda device: word)
+    with pytest.raises(ValueError, match=r"cu_seqlens_q must be non-decreasing \(sequence 5 has a negative length\)"):
+        varlen_cuda.raise_pending_error(torch.device("cpu"))
+    varlen_cuda.raise_pending_error(torch.device("cpu"))
+    assert word.tolist() == [0, 0]
