@@ -6,6 +6,7 @@
 #include <torch/extension.h>
 
 #include <cmath>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -146,25 +147,34 @@ const int* offsets_of(const at::Tensor& t, const char* name, int64_t numel, cons
     return t.data_ptr<int>();
 }
 
-// The packed forward: q (total_q, h, d), k/v (total_k, h_k, d), out like q, lse (h, total_q). `status` is a pinned
-// host int32 tensor of 2 elements that the prepare CTA sets on bad offsets (common/varlen.hpp VarlenStatus).
-void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
-                    const at::Tensor& cu_seqlens_k, const c10::optional<at::Tensor>& seqused_q,
-                    const c10::optional<at::Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                    at::Tensor& out, at::Tensor& lse, at::Tensor& status, double softmax_scale, bool causal,
-                    int64_t sm_margin, int64_t window_left, int64_t window_right,
-                    const c10::optional<at::Tensor>& sink, double softcap) {
-    c10::cuda::CUDAGuard guard(q.device());
-    for (auto [t, name] : {std::pair{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}) {
-        TORCH_CHECK_VALUE(t->dim() == 3, name, " must be 3-D (total, heads, head_dim), got ", shape_of(*t));
+// What the prepare CTA fills with NaN when the offsets are bad (common/varlen.hpp): the contiguous outputs.
+void poison_on_bad_offsets(VarlenArgs& a, std::initializer_list<const at::Tensor*> outputs16, const at::Tensor* out32) {
+    int i = 0;
+    for (const at::Tensor* t : outputs16) {
+        if (t->is_contiguous()) {
+            a.poison16[i] = t->data_ptr();
+            a.poison16_count[i] = t->numel();
+        }
+        ++i;
     }
-    TORCH_CHECK(out.sizes() == q.sizes(), "out must have shape ", shape_of(q), ", got ", shape_of(out));
-    FwdParams p{};
-    // The packed tensors as one batch of packed rows: every check of the dense call holds for them.
-    set_fwd_params(p, q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), softmax_scale, causal, sm_margin, window_left,
-                   window_right, softcap);
-    check_output(out.unsqueeze(0), "out", q.unsqueeze(0));
-    if (sink.has_value()) { p.sink = heads_vector(*sink, "sink", q.unsqueeze(0)); }
+    if (out32 != nullptr && out32->is_contiguous()) {
+        a.poison32 = out32->data_ptr<float>();
+        a.poison32_count = out32->numel();
+    }
+}
+
+// The packed tensors (total, heads, head_dim) as the one-batch 4-D views the dense checks take.
+at::Tensor packed_view(const at::Tensor& t, const char* name) {
+    TORCH_CHECK_VALUE(t.dim() == 3, name, " must be 3-D (total, heads, head_dim), got ", shape_of(t));
+    return t.unsqueeze(0);
+}
+
+// A varlen op's packing arguments into p.varlen and p.batch (the number of sequences), after p's dense parameters
+// were set from the one-batch views: the offsets' dtypes, devices and shapes, lse (heads, total_q) and the pinned
+// status word the prepare CTA writes (VarlenStatus).
+void set_varlen_args(FwdParams& p, const at::Tensor& q, const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k,
+                     const c10::optional<at::Tensor>& seqused_q, const c10::optional<at::Tensor>& seqused_k,
+                     int64_t max_seqlen_q, int64_t max_seqlen_k, const at::Tensor& lse, const at::Tensor& status) {
     const int64_t batch = cu_seqlens_q.numel() - 1;
     TORCH_CHECK_VALUE(batch >= 0 && batch < (int64_t(1) << 26), "cu_seqlens_q must have 1 to 2^26 elements, got ",
                       num(batch + 1));
@@ -184,41 +194,55 @@ void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     TORCH_CHECK_VALUE(!status.is_cuda() && status.is_pinned() && status.scalar_type() == at::kInt &&
                           status.is_contiguous() && status.numel() == 2,
                       "status must be a pinned host int32 tensor of 2 elements");
-    void* status_device = nullptr;
-    C10_CUDA_CHECK(cudaHostGetDevicePointer(&status_device, status.data_ptr(), 0));
-    p.varlen.status = static_cast<VarlenStatus*>(status_device);
+    // Pinned host memory is mapped into the device's address space (unified addressing); the attribute names the
+    // device address of this part of it.
+    cudaPointerAttributes attr{};
+    C10_CUDA_CHECK(cudaPointerGetAttributes(&attr, status.data_ptr()));
+    TORCH_CHECK_VALUE(attr.type == cudaMemoryTypeHost && attr.devicePointer != nullptr,
+                      "status must be pinned host memory mapped for the device");
+    p.varlen.status = static_cast<VarlenStatus*>(attr.devicePointer);
     p.batch = static_cast<int>(batch);
+}
+
+// The packed forward: q (total_q, h, d), k/v (total_k, h_k, d), out like q, lse (h, total_q).
+void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
+                    const at::Tensor& cu_seqlens_k, const c10::optional<at::Tensor>& seqused_q,
+                    const c10::optional<at::Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    at::Tensor& out, at::Tensor& lse, at::Tensor& status, double softmax_scale, bool causal,
+                    int64_t sm_margin, int64_t window_left, int64_t window_right,
+                    const c10::optional<at::Tensor>& sink, double softcap) {
+    c10::cuda::CUDAGuard guard(q.device());
+    const at::Tensor q4 = packed_view(q, "q"), out4 = packed_view(out, "out");
+    FwdParams p{};
+    set_fwd_params(p, q4, packed_view(k, "k"), packed_view(v, "v"), softmax_scale, causal, sm_margin, window_left,
+                   window_right, softcap);
+    check_output(out4, "out", q4);
+    if (sink.has_value()) { p.sink = heads_vector(*sink, "sink", q4); }
+    set_varlen_args(p, q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, lse, status);
     p.out = out.data_ptr();
-    p.o_stride = strides_of(out.unsqueeze(0));
+    p.o_stride = strides_of(out4);
     p.lse = lse.data_ptr<float>();
-    if (out.is_contiguous()) {
-        p.varlen.poison = out.data_ptr();
-        p.varlen.poison_count = out.numel();
-    }
-    const int64_t capacity = varlen_tile_capacity(q.size(0), batch, kVarlenMinRows, static_cast<int>(q.size(1)));
+    poison_on_bad_offsets(p.varlen, {&out}, &lse);
+    const int64_t capacity = varlen_tile_capacity(q.size(0), p.batch, kVarlenMinRows, static_cast<int>(q.size(1)));
     TORCH_CHECK_VALUE(capacity < INT32_MAX, "the pack has too many tiles for 32-bit tile indices: (total_q / ",
                       num(kVarlenMinRows), " + batch) * heads = ", num(capacity), " must be < 2^31");
-    auto workspace = at::empty({varlen_workspace_bytes(batch, capacity)}, q.options().dtype(at::kByte));
+    auto workspace = at::empty({varlen_workspace_bytes(p.batch, capacity)}, q.options().dtype(at::kByte));
     p.varlen.workspace = workspace.data_ptr();
     const auto& entry = find_entry(fwd_kernels(), p.head_dim, q.scalar_type(), "forward");
     launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
 }
 
-void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-             const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-             const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
-             int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
-             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap,
-             bool gqa_fold, const c10::optional<at::Tensor>& sink, const c10::optional<at::Tensor>& dsink) {
-    c10::cuda::CUDAGuard guard(q.device());
-    BwdParams p{};
-    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
+// The backward's own arguments (after set_fwd_params): the outputs, the resolved launch (schedule, grid, claim group,
+// fold) and the sink with its gradient. Tensors are 4-D (dense, or the packed ones' one-batch views).
+void set_bwd_args(BwdParams& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                  const at::Tensor& out, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic,
+                  int64_t schedule, int64_t grid, int64_t claim_group, bool gqa_fold,
+                  const c10::optional<at::Tensor>& sink, const c10::optional<at::Tensor>& dsink) {
     check_output(out, "out", q);
     check_output(dout, "dout", q);
     check_output(dq, "dq", q);
     check_output(dk, "dk", k);
     check_output(dv, "dv", v);
-    check_lse(lse, q);
     TORCH_CHECK_VALUE(schedule >= 0 && schedule < kNumSchedules, "schedule id must be in [0, ", num(kNumSchedules),
                       "), got ", num(schedule));
     TORCH_CHECK_VALUE(grid >= 1 && grid <= p.num_sms, "grid must be in [1, ", num(p.num_sms),
@@ -227,7 +251,6 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
                       num(claim_group));
     p.out = out.data_ptr();
     p.o_stride = strides_of(out);
-    p.lse = lse.data_ptr<float>();
     p.dout = dout.data_ptr();
     p.do_stride = strides_of(dout);
     p.dq = dq.data_ptr();
@@ -247,13 +270,59 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
         p.sink = heads_vector(*sink, "sink", q);
         p.dsink = heads_vector(*dsink, "dsink", q);
     }
+}
+
+void run_bwd_entry(BwdParams const& p, const at::Tensor& q) {
+    const auto& entry = find_entry(bwd_kernels(), p.head_dim, q.scalar_type(), "backward");
+    auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
+    launch_checked([&] { entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()); });
+}
+
+void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+             const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+             const c10::optional<at::Tensor>& order_trace, double softmax_scale, bool causal, bool deterministic,
+             int64_t schedule, int64_t grid, int64_t claim_group, int64_t sm_margin,
+             const c10::optional<at::Tensor>& timeline, int64_t window_left, int64_t window_right, double softcap,
+             bool gqa_fold, const c10::optional<at::Tensor>& sink, const c10::optional<at::Tensor>& dsink) {
+    c10::cuda::CUDAGuard guard(q.device());
+    BwdParams p{};
+    set_fwd_params(p, q, k, v, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
+    check_lse(lse, q);
+    set_bwd_args(p, dout, q, k, v, out, dq, dk, dv, deterministic, schedule, grid, claim_group, gqa_fold, sink, dsink);
+    p.lse = lse.data_ptr<float>();
     p.order_trace = static_cast<int*>(debug_buffer(order_trace, at::kInt, 0, q,
         "order_trace must be a contiguous int32 CUDA tensor (batch, heads, m_tiles, n_tiles)"));
     p.timeline = static_cast<long long*>(debug_buffer(timeline, at::kLong, 5, q,
         "timeline must be a contiguous int64 CUDA tensor (batch, heads, m_tiles, n_tiles, 5)"));
-    const auto& entry = find_entry(bwd_kernels(), p.head_dim, q.scalar_type(), "backward");
-    auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
-    launch_checked([&] { entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()); });
+    run_bwd_entry(p, q);
+}
+
+// The packed backward, into zero-filled dq/dk/dv (rows no tile writes stay 0): tensors as for varlen_fwd_out, the
+// launch resolved by flash_attn_dash.varlen_cuda (a portable order, or descending when not deterministic).
+void varlen_bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,
+                    const at::Tensor& cu_seqlens_k, const c10::optional<at::Tensor>& seqused_q,
+                    const c10::optional<at::Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                    at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& status, double softmax_scale,
+                    bool causal, bool deterministic, int64_t schedule, int64_t grid, int64_t sm_margin,
+                    int64_t window_left, int64_t window_right, double softcap, const c10::optional<at::Tensor>& sink,
+                    const c10::optional<at::Tensor>& dsink) {
+    c10::cuda::CUDAGuard guard(q.device());
+    const at::Tensor q4 = packed_view(q, "q"), k4 = packed_view(k, "k"), v4 = packed_view(v, "v");
+    at::Tensor dq4 = packed_view(dq, "dq"), dk4 = packed_view(dk, "dk"), dv4 = packed_view(dv, "dv");
+    BwdParams p{};
+    set_fwd_params(p, q4, k4, v4, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
+    set_bwd_args(p, packed_view(dout, "dout"), q4, k4, v4, packed_view(out, "out"), dq4, dk4, dv4, deterministic,
+                 schedule, grid, /*claim_group=*/1, /*gqa_fold=*/false, sink, dsink);
+    set_varlen_args(p, q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, lse, status);
+    p.lse = lse.data_ptr<float>();
+    poison_on_bad_offsets(p.varlen, {&dq, &dk, &dv}, dsink.has_value() ? &*dsink : nullptr);
+    // Claims run past the table by up to two grids (schedule/tile_ring.hpp): they must stay in int32 too.
+    const int64_t capacity = varlen_tile_capacity(k.size(0), p.batch, kVarlenMinRows, static_cast<int>(q.size(1)));
+    TORCH_CHECK_VALUE(capacity + 2 * int64_t(p.num_sms) < INT32_MAX, "the pack has too many tiles for 32-bit tile "
+                      "indices: (total_k / ", num(kVarlenMinRows), " + batch) * heads = ", num(capacity),
+                      " must be < 2^31 - 2 * SM count");
+    run_bwd_entry(p, q);
 }
 
 std::vector<std::string> instantiations() {
@@ -270,6 +339,7 @@ TORCH_LIBRARY_IMPL(flash_attn_dash, CUDA, m) {
     m.impl("fwd_out", &flash_dash::fwd_out);
     m.impl("bwd_out", &flash_dash::bwd_out);
     m.impl("varlen_fwd_out", &flash_dash::varlen_fwd_out);
+    m.impl("varlen_bwd_out", &flash_dash::varlen_bwd_out);
 }
 
 PYBIND11_MODULE(_C, m) {

@@ -170,6 +170,23 @@ PORTABLE_SCHEDULES: tuple[str, ...] = ("ascending", "descending")
 VARLEN_AUTO = "descending"
 
 
+# The orders the varlen backward kernel runs (hopper/bwd/launch.h, with_varlen_policy; the dynamic-grid ones of
+# hopper/bwd/tiles.hpp): the portable ones when deterministic; a non-deterministic pack walks descending.
+VARLEN_KERNEL_NONDETERMINISTIC_WALK = "descending"
+
+
+def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, total_k: int, batch: int, heads: int,
+                         num_sms: int) -> tuple[str, int] | None:
+    """The (order, grid) of the varlen backward kernel for this pack, from shapes alone (no offsets are read): the
+    order :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
+    backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound."""
+    order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
+    if order not in PORTABLE_SCHEDULES:
+        return None
+    block_n = variants.head_dim(head_dim).bwd.block_n
+    return order, max(1, min(num_sms, heads * (total_k // block_n + batch)))
+
+
 def varlen_request(deterministic: bool, schedule: str) -> str:
     """The schedule a varlen backward asks :func:`bwd_launch` for on every sequence: deterministic ``"auto"`` is
     :data:`VARLEN_AUTO`; anything else as given (non-deterministic backwards walk their own order anyway)."""

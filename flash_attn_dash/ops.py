@@ -12,7 +12,7 @@ causal kernels with the tanh compiled in (``fwd_out``/``bwd_out`` take it as the
 The out-variants ``fwd_out`` / ``bwd_out`` (CUDA only, implemented in csrc/flash_api.cpp) write into
 caller buffers; ``bwd_out`` takes a resolved launch (:mod:`flash_attn_dash.launch`), which :func:`bwd_into`
 decides and passes. Tests use them to poison outputs and to read the dQ accumulation-order trace.
-``varlen_fwd_out`` is the packed forward's (:mod:`flash_attn_dash.varlen_cuda`).
+``varlen_fwd_out`` / ``varlen_bwd_out`` are the packed passes' (:mod:`flash_attn_dash.varlen_cuda`).
 """
 from __future__ import annotations
 
@@ -32,6 +32,14 @@ torch.library.define(
     "(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens_q, Tensor cu_seqlens_k, Tensor? seqused_q, Tensor? seqused_k, "
     "int max_seqlen_q, int max_seqlen_k, Tensor(a!) out, Tensor(b!) lse, Tensor(c!) status, float softmax_scale, "
     "bool causal, int sm_margin, int window_left=-1, int window_right=-1, Tensor? sink=None, float softcap=0.0) -> ()",
+)
+torch.library.define(
+    "flash_attn_dash::varlen_bwd_out",
+    "(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor cu_seqlens_q, Tensor cu_seqlens_k, "
+    "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor(a!) dq, Tensor(b!) dk, "
+    "Tensor(c!) dv, Tensor(d!) status, float softmax_scale, bool causal, bool deterministic, int schedule, int grid, "
+    "int sm_margin, int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sink=None, "
+    "Tensor(e!)? dsink=None) -> ()",
 )
 torch.library.define(
     "flash_attn_dash::bwd_out",

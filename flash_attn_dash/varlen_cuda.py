@@ -2,12 +2,14 @@
 
 The varlen ops (:mod:`.varlen_ops`) call nothing else on CUDA tensors. Two paths:
 
-* the varlen forward kernel (``flash_attn_dash::varlen_fwd_out``: one launch per pack, the offsets read and checked
-  on the device, no host sync, so CUDA-graph capturable), where :data:`FWD_KERNEL_VALIDATED` says it passed its GPU
-  tests;
-* otherwise, and for every backward until its kernel exists, one dense kernel call per sequence
-  (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one device-to-host copy
-  (a stream sync) per pass (:func:`.varlen_layout.read_layout`), and many short sequences are launch-bound.
+* the varlen kernels (``flash_attn_dash::varlen_fwd_out`` / ``varlen_bwd_out``: one launch per pack and pass, the
+  offsets read and checked on the device, no host sync, so CUDA-graph capturable), where
+  :data:`FWD_KERNEL_VALIDATED` / :data:`BWD_KERNEL_VALIDATED` say they passed their GPU tests; the backward kernel
+  runs the portable orders (:func:`.launch.varlen_kernel_launch`);
+* otherwise (and for a deterministic backward asking for ``shift`` or ``symmetric_shift``), one dense kernel call per
+  sequence (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one
+  device-to-host copy (a stream sync) per pass (:func:`.varlen_layout.read_layout`), and many short sequences are
+  launch-bound.
 Both give a sequence the bits of its dense call: the kernel runs its tiles, masks and orders relative to the
 sequence (``hopper/common/varlen.hpp``), and each per-sequence backward runs the order the varlen kernels must give
 it (:func:`.launch.sequence_launch`).
@@ -20,13 +22,14 @@ from __future__ import annotations
 
 import torch
 
-from . import features, ops, varlen_per_sequence
+from . import checks, features, launch, ops, variants, varlen_per_sequence
 from .varlen_layout import read_layout
 
-# The varlen forward kernel is built and CPU-checked (it compiles with every feature; the dense kernels keep their
-# code) but has not run on a GPU yet: tests/test_varlen_kernel_gpu.py runs it against the per-sequence path and
-# lifts this when it passes.
+# The varlen kernels are built and CPU-checked (they compile with every feature; the host mirror test checks the
+# prepare step) but have not run on a GPU yet: tests/test_varlen_kernel_gpu.py runs them against the per-sequence
+# path and lifts these when it passes.
 FWD_KERNEL_VALIDATED = False
+BWD_KERNEL_VALIDATED = False
 
 # What the prepare CTA's status codes mean (hopper/common/varlen.hpp, VarlenError), with the sequence they name.
 _STATUS_MESSAGES = {
@@ -131,8 +134,41 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
     """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients (and ``dsink``, zero-filled, with
     a sink)."""
     _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink is not None, sm_margin)
+    if BWD_KERNEL_VALIDATED and kernel_backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
+                                                     max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
+                                                     causal, deterministic, schedule, sm_margin, window_size, softcap,
+                                                     learnable_sink, dsink):
+        return
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, q.shape[0],
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
                                       schedule, sm_margin, window_size=window_size, softcap=softcap,
                                       learnable_sink=learnable_sink, dsink=dsink)
+
+
+def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                         lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+                         cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int,
+                         seqused_q: torch.Tensor | None, seqused_k: torch.Tensor | None, softmax_scale: float,
+                         causal: bool, deterministic: bool, schedule: str, sm_margin: int,
+                         window_size: tuple[int, int], softcap: float, learnable_sink: torch.Tensor | None,
+                         dsink: torch.Tensor | None = None) -> bool:
+    """The varlen backward kernel into the zero-filled gradients, as :func:`backward_into` fills them; False (nothing
+    launched) when the request's order is not one the kernel runs (:func:`.launch.varlen_kernel_launch`)."""
+    decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0],
+                                          cu_seqlens_q.numel() - 1, q.shape[1], checks.check_sm_margin(sm_margin, q.device))
+    if decided is None:
+        return False
+    raise_pending_error(q.device)
+    if q.shape[0] == 0 or k.shape[0] == 0:
+        return True  # no tile: the gradients stay 0
+    order, grid = decided
+    kernel_causal, window = features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k,
+                                                 has_sink=learnable_sink is not None)
+    wants_dsink = learnable_sink is not None and dsink is not None
+    sink = learnable_sink.to(torch.float32).contiguous() if wants_dsink else None
+    torch.ops.flash_attn_dash.varlen_bwd_out(
+        dout, q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+        max_seqlen_k, dq, dk, dv, status_word(q.device), softmax_scale, kernel_causal, deterministic,
+        variants.schedule(order).id, grid, sm_margin, *window, softcap, sink, dsink if wants_dsink else None)
+    return True

@@ -28,8 +28,13 @@ _FWD2 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false
 # The forward's varlen flag (kVarlen, its last template argument), newer than all of them, goes first: false is the
 # kernel that existed before it.
 _FWD4 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false)){3})"
+# The backward's varlen flag (Varlen, after GqaFold) likewise.
+_BWD_VARLEN = r"(bwd_kernel_sm90<.*?, (?:true|false)), (false|true)>\("
 KEY_RULES = [(re.compile(_FWD4 + r", false>"), r"\1>"),
              (re.compile(_FWD4 + r", true>"), r"\1, VARLEN>"),
+             (re.compile(_BWD_VARLEN), lambda m: m.group(1) + (">(" if m.group(2) == "false" else ", VARLEN>(")),
+             (re.compile(r"(bwd_(?:preprocess|postprocess_dq|sink_grad)_kernel<.*?)(>?), false>\("),
+              lambda m: m.group(1) + m.group(2) + (" >(" if m.group(2) else ">(")),
              (re.compile(r"(bwd_kernel_sm90<.*?)(>?), false>\("), lambda m: m.group(1) + m.group(2) + (" >(" if m.group(2) else ">(")),
              (re.compile(_BWD3 + r", false(, (?:true|false),)"), r"\1\2"),
              (re.compile(_BWD3 + r", true(, (?:true|false),)"), r"\1, SOFTCAP\2"),

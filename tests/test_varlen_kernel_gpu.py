@@ -1,10 +1,11 @@
-"""The varlen forward kernel (one launch per pack, offsets read on the device) against the per-sequence path.
+"""The varlen kernels (one launch per pack and pass, offsets read on the device) against the per-sequence path.
 
-Each sequence's out and lse must be the bits of its own dense call (the per-sequence path runs exactly those), for
-packs with empty and one-token sequences, queries without keys, q/k lengths differing per sequence, seqused_*, GQA,
-both masks, sliding windows, sinks and softcaps; bad offsets fill out/lse with NaN and the next call raises naming the
-argument; the kernel path captures in a CUDA graph. Passing this file is what lifts
-``varlen_cuda.FWD_KERNEL_VALIDATED``. Every case is marked ``gpu``.
+Each sequence's out and lse, and in deterministic mode its dq/dk/dv, must be the bits of its own dense call (the
+per-sequence path runs exactly those), for packs with empty and one-token sequences, queries without keys, q/k lengths
+differing per sequence, seqused_*, GQA/MQA, both masks, sliding windows, sinks and softcaps; non-deterministic
+gradients within the FlashAttention tolerance of the deterministic ones; bad offsets fill the outputs with NaN and the
+next call raises naming the argument; the kernel paths capture in a CUDA graph. Passing this file is what lifts
+``varlen_cuda.FWD_KERNEL_VALIDATED`` and ``BWD_KERNEL_VALIDATED``. Every case is marked ``gpu``.
 """
 import pytest
 import torch
@@ -181,3 +182,144 @@ def test_a_million_token_pack_matches_per_sequence_rows(monkeypatch):
         rows_q, rows_k = spans[i]
         o, l = torch.ops.flash_attn_dash.fwd(q[rows_q][None], k[rows_k][None], v[rows_k][None], 0.125, True, 0)
         assert torch.equal(out[rows_q], o[0]) and torch.equal(lse[:, rows_q], l[0]), f"sequence {i}"
+
+
+def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: bool, schedule: str = "auto",
+                    **kwargs):
+    """(dq, dk, dv, dsink) of the per-sequence path and of the kernel path, from the same forward."""
+    args = pack.args()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    layout = (args["cu_seqlens_q"], args["cu_seqlens_k"], args["max_seqlen_q"], args["max_seqlen_k"],
+              args["seqused_q"], args["seqused_k"])
+    opts = dict(softmax_scale=q.shape[-1] ** -0.5, causal=False, window_size=(-1, -1), softcap=0.0,
+                learnable_sink=None)
+    opts.update(kwargs)
+    monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", False)
+    out, lse = varlen_cuda.forward(q, k, v, *layout, opts["softmax_scale"], opts["causal"], 0, opts["window_size"],
+                                   opts["softcap"], opts["learnable_sink"])
+    results = []
+    for kernel in (False, True):
+        monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", kernel)
+        grads = [torch.zeros_like(t) for t in (q, k, v)]
+        sink = opts["learnable_sink"]
+        dsink = None if sink is None else torch.zeros(sink.shape, dtype=torch.float32, device=q.device)
+        varlen_cuda.backward_into(dout, q, k, v, out, lse, *grads, *layout, opts["softmax_scale"], opts["causal"],
+                                  deterministic, schedule, 0, opts["window_size"], opts["softcap"], sink, dsink)
+        torch.cuda.synchronize()
+        varlen_cuda.raise_pending_error(q.device)
+        results.append((*grads, dsink))
+    return results
+
+
+def _dout(pack: Pack) -> torch.Tensor:
+    return torch.randn(pack.q.shape, generator=torch.Generator().manual_seed(7)).to(pack.q)
+
+
+@pytest.mark.parametrize("schedule", ["auto", "ascending", "descending"])
+@pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
+@pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, causal, heads,
+                                                                         heads_k, used, schedule):
+    pack = _random_pack(head_dim + causal + heads_k, 9, 700, heads, heads_k, head_dim, torch.bfloat16,
+                        same_lengths=False, used=used)
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, causal=causal)
+    for name, w, g in zip(("dq", "dk", "dv"), want, got):
+        assert torch.equal(g, w), f"{name} differs"
+
+
+@pytest.mark.parametrize("features", [
+    dict(causal=True, window_size=(128, 0)),
+    dict(causal=False, window_size=(64, 32)),
+    dict(causal=True, window_size=(300, 0), softcap=30.0),
+    dict(causal=False, softcap=50.0),
+    dict(causal=True, sink=True),
+    dict(causal=True, window_size=(128, 0), sink=True),
+], ids=["causal-band", "two-sided", "band-softcap", "full-softcap", "causal-sink", "band-sink"])
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
+    features = dict(features)
+    pack = _random_pack(head_dim + 1, 9, 900, 8, 2, head_dim, torch.bfloat16, same_lengths=False, used=False)
+    if features.pop("sink", False):
+        features["learnable_sink"] = torch.randn(8, generator=torch.Generator().manual_seed(3)).cuda()
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, **features)
+    for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
+        assert torch.equal(g, w), f"{features}: {name} differs"
+    if want[3] is not None:  # the sink's gradient sums the whole pack in another order: equal to rounding
+        torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_nondeterministic_backward_kernel_is_close_to_the_deterministic_one(monkeypatch, causal):
+    pack = _random_pack(3, 9, 900, 8, 2, 128, torch.bfloat16, same_lengths=False, used=False)
+    det, _ = _both_backwards(pack, _dout(pack), monkeypatch, True, causal=causal)
+    _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, causal=causal)
+    for name, d, n in zip(("dq", "dk", "dv"), det[:3], nondet[:3]):
+        torch.testing.assert_close(n.float(), d.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+def test_backward_kernel_bits_do_not_depend_on_the_pack(monkeypatch):
+    """The contract: a document's deterministic gradients through the kernel are the same bits alone, at another
+    position and beside other documents."""
+    monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", True)
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    doc = make_pack([777], [777], 4, 2, 128, torch.bfloat16, "cuda", seed=21)
+    others = make_pack([300, 1500, 5], [300, 1500, 5], 4, 2, 128, torch.bfloat16, "cuda", seed=22)
+    dout_doc = _dout(doc)
+
+    def grads_of_doc(position: int):
+        lens = [300, 1500, 5]
+        lens.insert(position, 777)
+        starts = [sum(lens[:i]) for i in range(len(lens))]
+        pieces = [others.q.detach()[sum([300, 1500, 5][:i]):sum([300, 1500, 5][:i + 1])] for i in range(3)]
+        pieces.insert(position, doc.q.detach())
+        q = torch.cat(pieces)
+        kpieces = [others.k.detach()[sum([300, 1500, 5][:i]):sum([300, 1500, 5][:i + 1])] for i in range(3)]
+        kpieces.insert(position, doc.k.detach())
+        vpieces = [others.v.detach()[sum([300, 1500, 5][:i]):sum([300, 1500, 5][:i + 1])] for i in range(3)]
+        vpieces.insert(position, doc.v.detach())
+        k, v = torch.cat(kpieces), torch.cat(vpieces)
+        cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        dout = torch.zeros_like(q)
+        rows = slice(starts[position], starts[position] + 777)
+        dout[rows] = dout_doc
+        out, lse = varlen_cuda.forward(q, k, v, cu, cu, 1500, 1500, None, None, 128 ** -0.5, True, 0, (-1, -1), 0.0,
+                                       None)
+        grads = [torch.zeros_like(t) for t in (q, k, v)]
+        varlen_cuda.backward_into(dout, q, k, v, out, lse, *grads, cu, cu, 1500, 1500, None, None, 128 ** -0.5, True,
+                                  True, "auto", 0, (-1, -1), 0.0, None)
+        return out[rows], grads[0][rows], grads[1][rows], grads[2][rows]
+
+    first = grads_of_doc(0)
+    for position in (1, 3):
+        for name, a, b in zip(("out", "dq", "dk", "dv"), first, grads_of_doc(position)):
+            assert torch.equal(a, b), f"position {position}: {name} differs"
+
+
+def test_backward_kernel_repeats_bitwise(monkeypatch):
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    pack = _random_pack(5, 12, 1200, 8, 2, 128, torch.bfloat16, same_lengths=False, used=False)
+    _, first = _both_backwards(pack, _dout(pack), monkeypatch, True, causal=True)
+    for _ in range(20):
+        _, again = _both_backwards(pack, _dout(pack), monkeypatch, True, causal=True)
+        assert all(torch.equal(a, b) for a, b in zip(first[:3], again[:3]))
+
+
+def test_bad_offsets_poison_the_gradients(monkeypatch):
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    pack = make_pack([100, 200, 300], [100, 200, 300], 4, 4, 64, torch.bfloat16, "cuda", seed=1)
+    args = pack.args()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    out, lse = varlen_cuda.forward(q, k, v, args["cu_seqlens_q"], args["cu_seqlens_k"], 300, 300, None, None, 0.125,
+                                   False, 0, (-1, -1), 0.0, None)
+    bad = args["cu_seqlens_k"].clone()
+    bad[2] = 50  # sequence 1 gets a negative key length
+    grads = [torch.zeros_like(t) for t in (q, k, v)]
+    varlen_cuda.kernel_backward_into(_dout(pack), q, k, v, out, lse, *grads, args["cu_seqlens_q"], bad, 300, 300,
+                                     None, None, 0.125, False, True, "auto", 0, (-1, -1), 0.0, None)
+    torch.cuda.synchronize()
+    assert all(torch.isnan(g).all() for g in grads)
+    with pytest.raises(ValueError, match=r"cu_seqlens_k must be non-decreasing \(sequence 1"):
+        varlen_cuda.raise_pending_error(q.device)
+

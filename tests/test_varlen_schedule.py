@@ -125,3 +125,34 @@ def test_round_based_orders_depend_on_placement_and_grid(schedule, causal):
     first, *others = (_head_orders(schedule, causal, 1024, *p) for p in PLACEMENTS)
     assert all(o[0] == first[0] == schedule for o in others)
     assert any(not np.array_equal(o[1], first[1]) or o[2] != first[2] for o in others)
+
+
+@pytest.mark.parametrize("deterministic,schedule,order", [
+    (True, "auto", VARLEN_AUTO), (True, "ascending", "ascending"), (True, "descending", "descending"),
+    (True, "shift", None), (True, "symmetric_shift", None),
+    (False, "auto", "descending"), (False, "shift", "descending"), (False, "ascending", "descending"),
+])
+def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, order):
+    """The varlen backward kernel (hopper/bwd/launch.h with_varlen_policy) runs what each sequence's dense backward
+    would run where that order is portable; a deterministic request for a grid-dependent order gets None (the
+    per-sequence path, which runs it as asked)."""
+    from flash_attn_dash.launch import VARLEN_KERNEL_NONDETERMINISTIC_WALK, varlen_kernel_launch
+    decided = varlen_kernel_launch(deterministic, schedule, 128, 10_000, 7, 16, 132)
+    assert (decided and decided[0]) == order
+    assert VARLEN_KERNEL_NONDETERMINISTIC_WALK in PORTABLE_SCHEDULES
+    if decided is not None:
+        tiles_bound = 16 * (10_000 // variants.head_dim(128).bwd.block_n + 7)
+        assert decided[1] == min(132, tiles_bound)
+    assert varlen_kernel_launch(True, "auto", 64, 100, 1, 2, 132)[1] == 2 * (100 // 128 + 1)
+
+
+def test_varlen_kernel_orders_match_the_launcher():
+    """launch.h's with_varlen_policy names the orders the Python side hands it: descending in both modes, ascending
+    when deterministic."""
+    import re
+    from pathlib import Path
+    text = (Path(__file__).resolve().parents[1] / "hopper" / "bwd" / "launch.h").read_text()
+    body = text[text.index("bool with_varlen_policy"):text.index("// Launches the main kernel")]
+    assert re.search(r"Schedule::kDescending\)\s*\{\s*f\(PolicyTag<Descending>", body)
+    assert re.search(r"if constexpr \(Deterministic\)\s*\{\s*if \(s == Schedule::kAscending\)", body)
+    assert set(PORTABLE_SCHEDULES) == {"ascending", "descending"}

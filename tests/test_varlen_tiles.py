@@ -1,8 +1,10 @@
 """The varlen prepare step (hopper/common/varlen.hpp) compiled as host C++ and checked against a Python model: the
 offsets' checks (the first bad sequence, then the first rule it breaks, whatever the order threads find them), the
-sequence views, and the tile table the persistent grids walk (every (sequence, block, head) once, sequences in pack
-order, blocks longest first on causal forwards, heads outer on the others; key blocks of sequences with queries in the
-backward), built chunk by chunk as the prepare CTA builds it. CPU only: needs g++ (or c++)."""
+sequence views with their first workspace tiles, and the tile table the persistent grids walk (every (sequence,
+block, head) once, sequences in pack order; within one, heads outer on full-mask forwards, blocks longest first on
+causal ones, and on the backward's key blocks of sequences with queries blocks ascending over head slots, so that a
+rank predecessor and a GQA sibling predecessor come earlier), built chunk by chunk as the prepare CTA builds it. CPU
+only: needs g++ (or c++)."""
 from __future__ import annotations
 
 import random
@@ -17,10 +19,11 @@ from host_cpp import build_host_program
 
 HEADER = Path(__file__).resolve().parents[1] / "hopper" / "common" / "varlen.hpp"
 INT_MAX = 2**31 - 1
+HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS = 0, 1, 2  # VarlenTileOrder
 
-# Reads cases of: batch chunk rows heads key_blocks longest_first total_q total_k max_q max_k has_used_q has_used_k,
+# Reads cases of: batch chunk rows heads heads_k key_blocks order total_q total_k max_q max_k has_used_q has_used_k,
 # then cu_q (batch+1), cu_k (batch+1), [used_q (batch)], [used_k (batch)]. Prints "E key" for a bad pack, else the
-# views "V q_start k_start len_q len_k" and the table "T seq block_head" lines, then "END".
+# views "V q_start k_start len_q len_k m_start n_start" (64-row query and 128-row key blocks) and the table "T seq block_head" lines, then "END".
 MIRROR_CPP = r"""
 #include <climits>
 #include <cstdio>
@@ -30,9 +33,9 @@ MIRROR_CPP = r"""
 using namespace flash_dash;
 
 int main() {
-    int batch, chunk, rows, heads, key_blocks, longest, total_q, total_k, max_q, max_k, has_uq, has_uk;
-    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &key_blocks, &longest,
-                      &total_q, &total_k, &max_q, &max_k, &has_uq, &has_uk) == 12) {
+    int batch, chunk, rows, heads, heads_k, key_blocks, order, total_q, total_k, max_q, max_k, has_uq, has_uk;
+    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k, &key_blocks,
+                      &order, &total_q, &total_k, &max_q, &max_k, &has_uq, &has_uk) == 13) {
         std::vector<int> cu_q(batch + 1), cu_k(batch + 1), uq(batch), uk(batch);
         for (int& x : cu_q) std::scanf("%d", &x);
         for (int& x : cu_k) std::scanf("%d", &x);
@@ -52,10 +55,13 @@ int main() {
             if (key < first) first = key;
         }
         if (first != INT_MAX) { std::printf("E %d\nEND\n", first); continue; }
-        VarlenTiling const t{rows, heads, key_blocks != 0, longest != 0};
+        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128};
+        int m_start = 0, n_start = 0;
         for (int i = 0; i < batch; ++i) {
             VarlenSeq const s = varlen_seq(a, i);
-            std::printf("V %d %d %d %d\n", s.q_start, s.k_start, s.len_q, s.len_k);
+            std::printf("V %d %d %d %d %d %d\n", s.q_start, s.k_start, s.len_q, s.len_k, m_start, n_start);
+            m_start += varlen_m_blocks(s, t);
+            n_start += varlen_n_blocks(s, t);
         }
         int base = 0;
         std::vector<int> prefix(chunk + 1), blocks_of(chunk);
@@ -71,7 +77,7 @@ int main() {
             for (int j = 0; j < run; ++j) {
                 int const r = varlen_find(prefix.data(), chunk, j);
                 std::printf("T %d %d\n", c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], heads,
-                                                                         longest != 0));
+                                                                         heads_k, order));
             }
             base += run;
         }
@@ -91,7 +97,7 @@ def _run(exe, cases: list[dict]) -> list[list[str]]:
     lines = []
     for c in cases:
         b = len(c["cu_q"]) - 1
-        head = [b, c["chunk"], c["rows"], c["heads"], int(c["key_blocks"]), int(c["longest"]), c["total_q"],
+        head = [b, c["chunk"], c["rows"], c["heads"], c["heads_k"], int(c["key_blocks"]), c["order"], c["total_q"],
                 c["total_k"], c["max_q"], c["max_k"], int(c["used_q"] is not None), int(c["used_k"] is not None)]
         body = c["cu_q"] + c["cu_k"] + (c["used_q"] or []) + (c["used_k"] or [])
         lines.append(" ".join(map(str, head + body)))
@@ -138,18 +144,22 @@ def _model(c: dict) -> list[str]:
         errors.append(b * 16 + 6)
     if errors:
         return [f"E {min(errors)}"]
-    views, table = [], []
+    views, table, m_start, n_start = [], [], 0, 0
     for i in range(b):
         lq = uq[i] if uq is not None else cu_q[i + 1] - cu_q[i]
         lk = uk[i] if uk is not None else cu_k[i + 1] - cu_k[i]
-        views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk}")
+        views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk} {m_start} {n_start}")
+        m_start, n_start = m_start + -(-lq // 64), n_start + -(-lk // 128)  # the mirror's q_rows / k_rows
         length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
         blocks = -(-length // c["rows"])
-        order = range(blocks - 1, -1, -1) if c["longest"] else range(blocks)
-        if c["longest"]:
-            table += [f"T {i} {blk * c['heads'] + h}" for blk in order for h in range(c["heads"])]
-        else:
-            table += [f"T {i} {blk * c['heads'] + h}" for h in range(c["heads"]) for blk in order]
+        heads, group = c["heads"], c["heads"] // c["heads_k"]
+        if c["order"] == HEADS_OUTER:
+            table += [f"T {i} {blk * heads + h}" for h in range(heads) for blk in range(blocks)]
+        elif c["order"] == LONGEST_FIRST:
+            table += [f"T {i} {blk * heads + h}" for blk in range(blocks - 1, -1, -1) for h in range(heads)]
+        else:  # key claims: head slots r = sibling * heads_k + kv_head
+            table += [f"T {i} {blk * heads + (r % c['heads_k']) * group + r // c['heads_k']}"
+                      for blk in range(blocks) for r in range(heads)]
     return views + table
 
 
@@ -170,8 +180,10 @@ def test_table_and_views_match_the_model(mirror):
     cases = []
     for _ in range(300):
         c = _pack(rng, rng.randint(0, 12), rng.choice([5, 200, 1000]), rng.random() < 0.4)
-        c.update(chunk=rng.choice([1, 3, 4, 1024]), rows=rng.choice([64, 128, 192]), heads=rng.choice([1, 3, 8]),
-                 key_blocks=rng.random() < 0.5, longest=rng.random() < 0.5)
+        heads_k = rng.choice([1, 2])
+        c.update(chunk=rng.choice([1, 3, 4, 1024]), rows=rng.choice([64, 128, 192]),
+                 heads=heads_k * rng.choice([1, 3, 4]), heads_k=heads_k, key_blocks=rng.random() < 0.5,
+                 order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]))
         cases.append(c)
     for c, got in zip(cases, _run(mirror, cases)):
         assert got == _model(c), c
@@ -180,7 +192,7 @@ def test_table_and_views_match_the_model(mirror):
 def test_every_tile_appears_once(mirror):
     rng = random.Random(1)
     c = _pack(rng, 40, 3000, False)
-    c.update(chunk=7, rows=128, heads=5, key_blocks=False, longest=True)
+    c.update(chunk=7, rows=128, heads=5, heads_k=5, key_blocks=False, order=LONGEST_FIRST)
     (got,) = _run(mirror, [c])
     tiles = [tuple(map(int, line.split()[1:])) for line in got if line.startswith("T")]
     expected = {(i, blk * 5 + h) for i in range(40) for blk in range(-(-(c["cu_q"][i + 1] - c["cu_q"][i]) // 128))
@@ -201,7 +213,7 @@ def test_every_tile_appears_once(mirror):
 ], ids=["q-start", "k-start", "q-order", "q-end", "k-end", "used-q", "used-k", "max-q", "max-k"])
 def test_each_bad_offset_is_reported_with_its_sequence(mirror, break_it, code, seq):
     c = dict(cu_q=[0, 10, 30, 60, 100], cu_k=[0, 20, 40, 60, 80], total_q=100, total_k=80, max_q=40, max_k=20,
-             used_q=None, used_k=None, chunk=1024, rows=128, heads=2, key_blocks=False, longest=False)
+             used_q=None, used_k=None, chunk=1024, rows=128, heads=2, heads_k=1, key_blocks=False, order=HEADS_OUTER)
     break_it(c)
     (got,) = _run(mirror, [c])
     assert got == [f"E {seq * 16 + code}"] == _model(c)
@@ -225,3 +237,21 @@ def test_a_pending_error_is_raised_once(monkeypatch):
         varlen_cuda.raise_pending_error(torch.device("cpu"))
     varlen_cuda.raise_pending_error(torch.device("cpu"))
     assert word.tolist() == [0, 0]
+
+
+def test_key_claims_put_every_predecessor_first(mirror):
+    """The backward's deadlock-freedom needs it (policies.hpp): in table order, tile (n, h)'s rank predecessor
+    (n - 1, h) and its GQA sibling predecessor (n, h - 1 of the same K/V head) come earlier."""
+    rng = random.Random(2)
+    c = _pack(rng, 6, 2000, False)
+    c.update(chunk=4, rows=128, heads=8, heads_k=2, key_blocks=True, order=KEY_CLAIMS)
+    (got,) = _run(mirror, [c])
+    position = {tuple(map(int, line.split()[1:])): p for p, line in enumerate(l for l in got if l.startswith("T"))}
+    assert position
+    for (seq, block_head), p in position.items():
+        n, h = divmod(block_head, 8)
+        if n > 0:
+            assert position[(seq, (n - 1) * 8 + h)] < p
+        if h % 4 > 0:  # 4 siblings per K/V head
+            assert position[(seq, n * 8 + h - 1)] < p
+

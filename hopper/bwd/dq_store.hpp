@@ -9,6 +9,7 @@
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
 #include "bwd/semaphore.hpp"
+#include "bwd/tiles.hpp"
 #include "bwd/timeline.hpp"
 #include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
@@ -16,8 +17,9 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Deterministic, class Policy, bool GqaFold>
+template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
 struct BwdDqStore {
+    using Tiles = BwdTiles<Varlen>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using Handoff = typename Traits::DqHandoffT;
@@ -32,18 +34,23 @@ struct BwdDqStore {
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
-            TileCtx const c = Policy::make_ctx(sched, t);
-            auto const st = Policy::init(sched, c);
-            int const steps = Policy::num_steps(sched, c, st);
+            TileCtx c;
+            SchedShape seq_shape{};
+            VarlenSeq seq{};
+            SchedShape const& shape = Tiles::template at<Policy>(params, t, c, seq_shape, seq);
+            auto const st = Policy::init(shape, c);
+            int const steps = Policy::num_steps(shape, c, st);
             auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
                 return cute::make_tuple(h, int64_t(c.b) * siblings.query_heads(sched) + h);
             };
             // Not unrolled (for_each_step): see the producer loop (load.hpp).
             siblings.for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [h, bh] = hb;
-                int const m = Policy::m_block(sched, c, st, step);
-                float* gacc = params.dq_accum + (bh * sched.num_m + m) * int64_t(kBlockM * kHeadDim);
-                int* sem = params.dq_sem + (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h;
+                int const m = Policy::m_block(shape, c, st, step);
+                // The dQ tile's accumulator and counter: (b, h, m)'s, or tile m of the sequence's tiles of head h.
+                int64_t const tile = Varlen ? int64_t(h) * params.varlen_m_cap + seq.m_start + m : bh * sched.num_m + m;
+                float* gacc = params.dq_accum + tile * int64_t(kBlockM * kHeadDim);
+                int* sem = params.dq_sem + (Varlen ? tile : (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h);
                 // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
                 // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
                 Handoff::store_begin();
@@ -51,7 +58,7 @@ struct BwdDqStore {
                 // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
                 // after the first are unordered). Fewer waits than the proven-deadlock-free
                 // deterministic order, hence deadlock-free too.
-                int const rank = Policy::rank(sched, c, st, m);
+                int const rank = Policy::rank(shape, c, st, m);
                 StepTimeline timeline(params.timeline, (bh * sched.num_m + m) * sched.num_n + rank);
                 if (lane == 0) {
                     if constexpr (Deterministic) { wait_eq(sem, rank); }

@@ -14,11 +14,13 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Deterministic, bool GqaFold>
+// Varlen: `sched` is the tile's sequence's grid and `seq` its view; its rows start at seq.k_start and its GQA
+// accumulators and counters at its key tile seq.n_start of each K/V head's.
+template <class Traits, bool Deterministic, bool GqaFold, bool Varlen>
 struct BwdEpilogue {
     template <class Params, class TiledMma, class Acc>
-    CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c, int tid,
-                                     TiledMma& mma_dkv, Acc& tdKacc, Acc& tdVacc) {
+    CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c,
+                                     VarlenSeq const& seq, int tid, TiledMma& mma_dkv, Acc& tdKacc, Acc& tdVacc) {
         using namespace cute;
         using Element = typename Traits::Element;
         constexpr int kBlockN = Traits::kBlockN;
@@ -33,8 +35,8 @@ struct BwdEpilogue {
         int const n_base = c.n * kBlockN;
         if (GqaFold || params.dk_accum == nullptr) {
             // Pairs (2i, 2i+1) of the accumulator are adjacent columns of one row.
-            Element* dk = params.dk + c.b * params.dk_batch + hk * params.dk_head;
-            Element* dv = params.dv + c.b * params.dv_batch + hk * params.dv_head;
+            Element* dk = params.dk + (Varlen ? seq.k_start * params.dk_row : c.b * params.dk_batch) + hk * params.dk_head;
+            Element* dv = params.dv + (Varlen ? seq.k_start * params.dv_row : c.b * params.dv_batch) + hk * params.dv_head;
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < size(tdKacc); i += 2) {
                 int const row = n_base + get<0>(tcKV(i));
@@ -52,10 +54,12 @@ struct BwdEpilogue {
             }
         } else {
             // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major, padded rows (no bounds check).
-            int64_t const base = ((int64_t(c.b) * sched.heads_k + hk) * sched.num_n + c.n) * int64_t(kBlockN * kHeadDim);
+            int64_t const tile = Varlen ? int64_t(hk) * params.varlen_n_cap + seq.n_start + c.n
+                                        : (int64_t(c.b) * sched.heads_k + hk) * sched.num_n + c.n;
+            int64_t const base = tile * int64_t(kBlockN * kHeadDim);
             float* dk = params.dk_accum + base;
             float* dv = params.dv_accum + base;
-            int* sem = params.dkv_sem + (int64_t(c.n) * sched.batch + c.b) * sched.heads_k + hk;
+            int* sem = params.dkv_sem + (Varlen ? tile : (int64_t(c.n) * sched.batch + c.b) * sched.heads_k + hk);
             if constexpr (Deterministic) {
                 cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
                 if (tid == 0) { wait_eq(sem, c.h % params.group); }

@@ -17,12 +17,15 @@
 #include "bwd/kernel_params.hpp"
 #include "bwd/load.hpp"
 #include "bwd/mainloop.hpp"
+#include "bwd/tiles.hpp"
 #include "bwd/traits.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
+// Varlen: the kernel of packs, whose tiles come from the prepare CTA's table (bwd/tiles.hpp).
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold,
+          bool Varlen>
 __global__ void __launch_bounds__(Traits::NumThreads, 1)
     bwd_kernel_sm90(CUTE_GRID_CONSTANT BwdKernelParams<Traits> const params) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     int const lane = threadIdx.x % 32;
     // Units every role walks: tiles t on the static and dynamic grids, 2 * chunk + stage on the pair grid
     // (SymmetricShift runs only with N even, so both ranges are [0, B*H*N)).
-    int const num_tiles = params.sched.num_tiles();
+    int const num_tiles = BwdTiles<Varlen>::count(params);
 
     if (warp_idx == 0 && lane == 0) {
         prefetch_tma_descriptor(params.tma_q.get_tma_descriptor());
@@ -70,13 +73,15 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         int const warp_in_wg = warp_idx % 4;
         if (warp_in_wg == 0) {
-            if (lane == 0) { BwdLoad<Traits, Policy, GqaFold>::run(params, ss, pipeline_q, pipeline_do, num_tiles); }
+            if (lane == 0) {
+                BwdLoad<Traits, Policy, GqaFold, Varlen>::run(params, ss, pipeline_q, pipeline_do, num_tiles);
+            }
         } else if (warp_in_wg == 1) {
-            BwdDqStore<Traits, Deterministic, Policy, GqaFold>::run(params, ss, lane, num_tiles);
+            BwdDqStore<Traits, Deterministic, Policy, GqaFold, Varlen>::run(params, ss, lane, num_tiles);
         }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kMmaRegs>();
-        BwdMainloop<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold>::run(
+        BwdMainloop<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold, Varlen>::run(
             params, ss, pipeline_q, pipeline_do, int(threadIdx.x) - 128, num_tiles);
     }
 #endif

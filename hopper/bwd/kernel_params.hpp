@@ -4,6 +4,7 @@
 #include <cute/tensor.hpp>
 #include <cute/atom/copy_traits_sm90_tma.hpp>
 
+#include "common/varlen.hpp"
 #include "schedule/policies.hpp"
 
 namespace flash_dash {
@@ -41,8 +42,14 @@ struct BwdKernelParams {
     int64_t dk_row, dk_head, dk_batch, dv_row, dv_head, dv_batch;
     int* order_trace;
     long long* timeline;  // FLASH_DASH_BWD_TIMELINE builds only (bwd/timeline.hpp)
-    // Softcap kernels: softmax_scale / softcap (last, so the other kernels' parameter offsets do not move).
+    // Softcap kernels: softmax_scale / softcap (after the others, so their parameter offsets do not move).
     float softcap_prescale;
+    // Varlen kernels (bwd/tiles.hpp): the prepare CTA's views, table and tile count, and the tiles per head of the
+    // query-block and key-block workspace (upper bounds of the pack's; sched then holds the packed rows, batch 1).
+    VarlenSeq const* varlen_seqs;
+    VarlenTile const* varlen_tiles;
+    int const* varlen_num_tiles;
+    int varlen_m_cap, varlen_n_cap;
 };
 
 }  // namespace bwd

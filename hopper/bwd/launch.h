@@ -21,55 +21,93 @@ namespace bwd {
 
 inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 
-// Workspace layout (byte offsets, 256-aligned):
-//   dq_accum  fp32 (B, H, M*kBlockM, d)   per tile m: kBlockM*d floats in dQ-MMA accumulator order
-//   dpsum     fp32 (B, H, M*kBlockM)
-//   lse_log2  fp32 (B, H, M*kBlockM)
-//   dq_sem    int32 (M, B, H)
+// Workspace layout (byte offsets, 256-aligned), per query tile (B*H*M of them; a pack: H * m_cap, each head's
+// sequences' tiles in pack order from VarlenSeq::m_start) and per key tile (B*Hk*N; a pack: Hk * n_cap):
+//   dq_accum  fp32 (query tiles, kBlockM*d)   per tile: kBlockM*d floats in dQ-MMA accumulator order
+//   dpsum     fp32 (query tiles, kBlockM)
+//   lse_log2  fp32 (query tiles, kBlockM)
+//   dq_sem    int32 (M, B, H), a pack (H, m_cap)
 //   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
-//   GQA only, unless folded (a folded tile stores its dK/dV itself): dk_accum, dv_accum fp32 (B, Hk, N*kBlockN, d)
-//   row-major; dkv_sem int32 (N, B, Hk)
+//   GQA only, unless folded (a folded tile stores its dK/dV itself): dk_accum, dv_accum fp32 (key tiles, kBlockN, d)
+//   row-major; dkv_sem int32 (N, B, Hk), a pack (Hk, n_cap)
+//   a pack only: the prepare CTA's views and table (common/varlen.hpp)
 struct WorkspaceLayout {
-    size_t dq_accum, dpsum, lse_log2, dq_sem, tile_counter, dk_accum, dv_accum, dkv_sem, total;
+    size_t dq_accum, dpsum, lse_log2, dq_sem, tile_counter, dk_accum, dv_accum, dkv_sem, varlen, total;
     bool gqa;  // dK/dV go through the fp32 accumulators
+    int64_t m_cap, n_cap;  // a pack: query / key tiles per head the workspace holds (bounds of the pack's)
 };
+
+inline bool is_varlen(BwdParams const& p) { return p.varlen.cu_seqlens_q != nullptr; }
 
 template <class Traits>
 WorkspaceLayout workspace_layout(BwdParams const& p) {
     WorkspaceLayout w{};
+    bool const varlen = is_varlen(p);
     int64_t const M = (p.seqlen_q + Traits::kBlockM - 1) / Traits::kBlockM;
     int64_t const N = (p.seqlen_k + Traits::kBlockN - 1) / Traits::kBlockN;
-    int64_t const bh = int64_t(p.batch) * p.num_heads;
-    int64_t const bhk = int64_t(p.batch) * p.num_heads_k;
+    w.m_cap = varlen ? p.seqlen_q / Traits::kBlockM + p.batch : M;
+    w.n_cap = varlen ? p.seqlen_k / Traits::kBlockN + p.batch : N;
+    int64_t const q_tiles = (varlen ? 1 : int64_t(p.batch)) * p.num_heads * w.m_cap;
+    int64_t const k_tiles = (varlen ? 1 : int64_t(p.batch)) * p.num_heads_k * w.n_cap;
     size_t off = 0;
-    w.dq_accum = off; off = align_up(off + size_t(bh * M * Traits::kBlockM * Traits::kHeadDim) * 4);
-    w.dpsum = off;    off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
-    w.lse_log2 = off; off = align_up(off + size_t(bh * M * Traits::kBlockM) * 4);
-    w.dq_sem = off;   off = align_up(off + size_t(M * bh) * 4);
+    w.dq_accum = off; off = align_up(off + size_t(q_tiles * Traits::kBlockM * Traits::kHeadDim) * 4);
+    w.dpsum = off;    off = align_up(off + size_t(q_tiles * Traits::kBlockM) * 4);
+    w.lse_log2 = off; off = align_up(off + size_t(q_tiles * Traits::kBlockM) * 4);
+    w.dq_sem = off;   off = align_up(off + size_t(q_tiles) * 4);
     w.tile_counter = off; off = align_up(off + 4);
     w.gqa = p.num_heads_k != p.num_heads && !p.gqa_fold;
     if (w.gqa) {
-        w.dk_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
-        w.dv_accum = off; off = align_up(off + size_t(bhk * N * Traits::kBlockN * Traits::kHeadDim) * 4);
-        w.dkv_sem = off;  off = align_up(off + size_t(N * bhk) * 4);
+        w.dk_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
+        w.dv_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
+        w.dkv_sem = off;  off = align_up(off + size_t(k_tiles) * 4);
     }
+    w.varlen = off;
+    if (varlen) { off = align_up(off + size_t(varlen_workspace_bytes(p.batch, p.num_heads * w.n_cap))); }
     w.total = off;
     return w;
 }
 
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold,
+          bool Varlen = false>
 void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
-    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold>;
+    constexpr auto kernel = &bwd_kernel_sm90<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, GqaFold,
+                                             Varlen>;
     allow_dynamic_smem<kernel>(Traits::kSmemBytes);
     kernel<<<grid, Traits::NumThreads, Traits::kSmemBytes, stream>>>(kp);
     check_launch("backward main kernel launch");
 }
 
+// The orders a varlen backward runs (bwd/tiles.hpp: the dynamic-grid ones, flash_attn_dash.launch.VARLEN_WALKS):
+// ascending and descending when deterministic, descending otherwise. Calls f(PolicyTag<P>{}) and returns true, or
+// returns false.
+template <bool Deterministic, class F>
+bool with_varlen_policy(Schedule s, F&& f) {
+    if (s == Schedule::kDescending) {
+        f(PolicyTag<Descending>{});
+        return true;
+    }
+    if constexpr (Deterministic) {
+        if (s == Schedule::kAscending) {
+            f(PolicyTag<Ascending>{});
+            return true;
+        }
+    }
+    return false;
+}
+
 // Launches the main kernel of the call's mask, mode, policy and fold; launch_error has checked that it is
 // instantiated (generated/schedules.h says which policies are; sliding windows and softcaps instantiate their mask's
-// policies; the GQA-folded kernels exist for sliding windows).
+// policies; the GQA-folded kernels exist for sliding windows; packs run with_varlen_policy's, unfolded).
 template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic>
-void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const& kp, int grid, cudaStream_t stream) {
+void launch_policy(Schedule policy, bool gqa_fold, bool varlen, BwdKernelParams<Traits> const& kp, int grid,
+                   cudaStream_t stream) {
+    if (varlen) {
+        with_varlen_policy<Deterministic>(policy, [&](auto tag) {
+            using Policy = typename decltype(tag)::type;
+            launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, false, true>(kp, grid, stream);
+        });
+        return;
+    }
     with_policy<Traits, Is_causal, Deterministic>(policy, [&](auto tag) {
         using Policy = typename decltype(tag)::type;
         if constexpr (Is_local) {
@@ -85,10 +123,12 @@ void launch_policy(Schedule policy, bool gqa_fold, BwdKernelParams<Traits> const
 // The main kernel of the call's mode for one mask.
 template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap>
 void launch_mode(BwdParams const& p, BwdKernelParams<Traits> const& kp, cudaStream_t stream) {
+    bool const varlen = is_varlen(p);
     if (p.deterministic) {
-        launch_policy<Traits, Is_causal, Is_local, Is_softcap, true>(p.schedule, p.gqa_fold, kp, p.grid, stream);
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, true>(p.schedule, p.gqa_fold, varlen, kp, p.grid, stream);
     } else {
-        launch_policy<Traits, Is_causal, Is_local, Is_softcap, false>(p.schedule, p.gqa_fold, kp, p.grid, stream);
+        launch_policy<Traits, Is_causal, Is_local, Is_softcap, false>(p.schedule, p.gqa_fold, varlen, kp, p.grid,
+                                                                      stream);
     }
 }
 
@@ -108,6 +148,19 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
 // than the causal mask).
 template <class Traits>
 char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
+    if (is_varlen(p)) {
+        if (p.gqa_fold) { return "flash_dash bwd: packed (varlen) backwards do not fold GQA siblings (gqa_fold)"; }
+        if (p.order_trace != nullptr || p.timeline != nullptr) {
+            return "flash_dash bwd: packed (varlen) backwards record no order trace or timeline";
+        }
+        if (p.grid < 1 || p.grid > p.num_sms) { return "flash_dash bwd: grid must be in [1, SM count - sm_margin]"; }
+        auto none = [](auto) {};
+        bool const runs = p.deterministic ? with_varlen_policy<true>(p.schedule, none)
+                                          : with_varlen_policy<false>(p.schedule, none);
+        return runs ? nullptr
+                    : "flash_dash bwd: packed (varlen) backwards run ascending or descending when deterministic, "
+                      "descending otherwise";
+    }
     if (p.gqa_fold && p.num_heads == p.num_heads_k) {
         return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
     }
@@ -154,12 +207,15 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
     }
     if (p.batch <= 0 || p.num_heads <= 0 || p.seqlen_q <= 0 || p.seqlen_k <= 0) { return; }
+    bool const varlen = is_varlen(p);
     WorkspaceLayout const w = workspace_layout<Traits>(p);
     char* ws = static_cast<char*>(workspace);
-    int const M = (p.seqlen_q + kBlockM - 1) / kBlockM;
-    int const N = (p.seqlen_k + kBlockN - 1) / kBlockN;
+    // A pack: its tiles' grids are the sequences' (bwd/tiles.hpp); M and N are the workspace's tiles per head and the
+    // shape below holds the packed rows as one batch.
+    int const M = int(w.m_cap);
+    int const N = int(w.n_cap);
     SchedShape s{};
-    s.batch = p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
+    s.batch = varlen ? 1 : p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
     if (p.gqa_fold) { s = folded_grid(s); }
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
@@ -168,7 +224,18 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     s.claim_group = p.claim_group;
     if (char const* why = launch_error<Traits>(p, s, local)) { throw std::invalid_argument(why); }
 
-    if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.total - w.dk_accum, stream), "memset dkv accum"); }
+    if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.varlen - w.dk_accum, stream), "memset dkv accum"); }
+    VarlenWorkspace vw{};
+    if (varlen) {
+        // The tiles are the sequences' key blocks; the views count query and key tiles for the workspace layout.
+        vw = varlen_workspace(ws + w.varlen, p.batch);
+        VarlenArgs a = p.varlen;
+        a.workspace = ws + w.varlen;
+        VarlenTiling const tiling{kBlockN, p.num_heads, p.num_heads_k, /*key_blocks=*/true, kVarlenKeyClaims, kBlockM,
+                                  kBlockN};
+        varlen_prepare_kernel<<<1, kVarlenPrepareThreads, 0, stream>>>(a, p.batch, p.seqlen_q, p.seqlen_k, tiling);
+        check_launch("varlen prepare kernel");
+    }
 
     PreprocessParams pre{};
     pre.dout = p.dout; pre.out = p.out; pre.lse = p.lse;
@@ -179,15 +246,28 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.lse_log2 = reinterpret_cast<float*>(ws + w.lse_log2);
     pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
     pre.tile_counter = reinterpret_cast<int*>(ws + w.tile_counter);
-    bwd_preprocess_kernel<Element, kBlockM, kHeadDim><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads, 0, stream>>>(pre);
+    pre.varlen_seqs = vw.seqs;
+    if (varlen) {
+        bwd_preprocess_kernel<Element, kBlockM, kHeadDim, true><<<dim3(M, p.num_heads, 1), kPreprocessThreads, 0,
+                                                                  stream>>>(pre);
+    } else {
+        bwd_preprocess_kernel<Element, kBlockM, kHeadDim, false><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads,
+                                                                   0, stream>>>(pre);
+    }
     check_launch("preprocess launch");
     if (p.dsink != nullptr) {
         SinkGradParams sg{};
         sg.sink = p.sink; sg.lse = p.lse; sg.dpsum = pre.dpsum; sg.dsink = p.dsink;
         sg.batch = p.batch; sg.heads = p.num_heads; sg.seqlen_q = p.seqlen_q;
         sg.padded_rows = int64_t(M) * kBlockM;
+        sg.varlen_seqs = vw.seqs;
+        sg.block_m = kBlockM;
         constexpr int kSinkGradThreads = 256;
-        bwd_sink_grad_kernel<kSinkGradThreads><<<p.num_heads, kSinkGradThreads, 0, stream>>>(sg);
+        if (varlen) {
+            bwd_sink_grad_kernel<kSinkGradThreads, true><<<p.num_heads, kSinkGradThreads, 0, stream>>>(sg);
+        } else {
+            bwd_sink_grad_kernel<kSinkGradThreads, false><<<p.num_heads, kSinkGradThreads, 0, stream>>>(sg);
+        }
         check_launch("sink gradient launch");
     }
 
@@ -197,13 +277,14 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)), make_shape(s, d, h, b),
                            make_stride(st.row, _1{}, st.head, st.batch));
     };
-    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mk(p.q, p.seqlen_q, p.num_heads, p.batch, p.q_stride, kHeadDim),
+    int const batch = s.batch;  // the descriptors': a pack is one batch of packed rows
+    kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mk(p.q, p.seqlen_q, p.num_heads, batch, p.q_stride, kHeadDim),
                              take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mk(p.dout, p.seqlen_q, p.num_heads, p.batch, p.do_stride, kHeadDim),
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mk(p.dout, p.seqlen_q, p.num_heads, batch, p.do_stride, kHeadDim),
                               take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
-    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mk(p.k, p.seqlen_k, p.num_heads_k, p.batch, p.k_stride, kHeadDim),
+    kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mk(p.k, p.seqlen_k, p.num_heads_k, batch, p.k_stride, kHeadDim),
                              typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, p.batch, p.v_stride, kHeadDim),
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, batch, p.v_stride, kHeadDim),
                              typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
     kp.sched = s;
     kp.head_dim = kHeadDim;
@@ -222,6 +303,11 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     kp.dv_row = p.dv_stride.row; kp.dv_head = p.dv_stride.head; kp.dv_batch = p.dv_stride.batch;
     kp.order_trace = p.order_trace;
     kp.timeline = p.timeline;
+    kp.varlen_seqs = vw.seqs;
+    kp.varlen_tiles = vw.tiles;
+    kp.varlen_num_tiles = vw.num_tiles;
+    kp.varlen_m_cap = M;
+    kp.varlen_n_cap = N;
 
     // softcap_error above: a softcap with a sliding window only where the variant table builds it.
     if (p.softcap > 0.f) {
@@ -246,17 +332,33 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     post.batch = p.batch; post.heads = p.num_heads; post.seqlen_q = p.seqlen_q; post.num_m = M;
     post.first_m = m_min_of(kp.sched, 0);
     post.scale = p.softmax_scale;
-    bwd_postprocess_dq_kernel<Traits><<<dim3(M, p.num_heads, p.batch), kPostprocessThreads, 0, stream>>>(post);
+    post.varlen_seqs = vw.seqs;
+    post.sched = kp.sched;
+    if (varlen) {
+        bwd_postprocess_dq_kernel<Traits, true><<<dim3(M, p.num_heads, 1), kPostprocessThreads, 0, stream>>>(post);
+    } else {
+        bwd_postprocess_dq_kernel<Traits, false><<<dim3(M, p.num_heads, p.batch), kPostprocessThreads, 0, stream>>>(post);
+    }
     check_launch("postprocess dq launch");
     if (w.gqa) {
         PostprocessKVParams kv{};
         kv.batch_size = p.batch; kv.heads_k = p.num_heads_k; kv.seqlen_k = p.seqlen_k; kv.rows_padded = N * kBlockN;
+        kv.varlen_seqs = vw.seqs;
+        kv.block_n = kBlockN;
         int64_t const total = int64_t(p.batch) * p.num_heads_k * p.seqlen_k * (kHeadDim / 8);
         int const blocks = int(std::min<int64_t>((total + kPostprocessThreads - 1) / kPostprocessThreads, 65535));
+        auto convert = [&] {
+            if (varlen) {
+                bwd_postprocess_kv_varlen_kernel<Element, kHeadDim><<<dim3(N, p.num_heads_k), kPostprocessThreads, 0,
+                                                                      stream>>>(kv);
+            } else {
+                bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+            }
+        };
         kv.accum = kp.dk_accum; kv.out = p.dk; kv.row = p.dk_stride.row; kv.head = p.dk_stride.head; kv.batch = p.dk_stride.batch;
-        bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+        convert();
         kv.accum = kp.dv_accum; kv.out = p.dv; kv.row = p.dv_stride.row; kv.head = p.dv_stride.head; kv.batch = p.dv_stride.batch;
-        bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+        convert();
         check_launch("postprocess dk/dv launch");
     }
 }

@@ -8,14 +8,16 @@
 
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
+#include "bwd/tiles.hpp"
 #include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, class Policy, bool GqaFold>
+template <class Traits, class Policy, bool GqaFold, bool Varlen>
 struct BwdLoad {
+    using Tiles = BwdTiles<Varlen>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
@@ -44,13 +46,16 @@ struct BwdLoad {
         int claimed = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::claim_next(ss.tile_ring, sched, params.tile_counter, t, claimed++)) {
-            TileCtx const c = Policy::make_ctx(sched, t);
-            auto const st = Policy::init(sched, c);
-            int const steps = Policy::num_steps(sched, c, st);
+            TileCtx c;
+            SchedShape seq_shape{};
+            VarlenSeq seq{};
+            SchedShape const& shape = Tiles::template at<Policy>(params, t, c, seq_shape, seq);
+            auto const st = Policy::init(shape, c);
+            int const steps = Policy::num_steps(shape, c, st);
             if (steps <= 0) continue;
             int const hk = siblings.kv_head(c);
-            Tensor gK = local_tile(mK(_, _, hk, c.b), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
-            Tensor gV = local_tile(mV(_, _, hk, c.b), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
+            Tensor gK = local_tile(Tiles::rows(mK, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
+            Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
             auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
@@ -58,11 +63,13 @@ struct BwdLoad {
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
             copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
             auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
-                Tensor gQ = local_tile(mQ(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
-                Tensor gdO = local_tile(mdO(_, _, h, c.b), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+                Tensor gQ = local_tile(Tiles::rows(mQ, h, c.b, seq.q_start), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+                Tensor gdO = local_tile(Tiles::rows(mdO, h, c.b, seq.q_start), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
                 auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
                 auto dO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
-                int64_t const row_base = int64_t(c.b * siblings.query_heads(sched) + h) * sched.num_m * kBlockM;
+                // The tile's LSE / dPsum rows: (b, h)'s, or the sequence's tiles of head h.
+                int64_t const row_base = Varlen ? (int64_t(h) * params.varlen_m_cap + seq.m_start) * kBlockM
+                                                : int64_t(c.b * siblings.query_heads(sched) + h) * sched.num_m * kBlockM;
                 return cute::make_tuple(get<0>(q), get<1>(q), get<0>(dO), get<1>(dO), params.lse_log2 + row_base,
                                         params.dpsum + row_base);
             };
@@ -70,7 +77,7 @@ struct BwdLoad {
             // 24-register warps (hdim 64) spill inside this loop.
             siblings.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [tQgQ, tQsQ, tdOgdO, tdOsdO, lse_tile, dpsum_tile] = ht;
-                int const m = Policy::m_block(sched, c, st, step);
+                int const m = Policy::m_block(shape, c, st, step);
                 int const s = pipe_write.index();
                 pipeline_q.producer_acquire(pipe_write);
                 uint64_t* bq = pipeline_q.producer_get_barrier(pipe_write);

@@ -25,8 +25,11 @@ namespace bwd {
 // P = exp2(t * scale_log2 - lse_log2) and dS = P (dP - dPsum) (1 - t^2); softmax_scale then scales dK and dQ as in the
 // other kernels (d(softcap * t)/dS = softmax_scale (1 - t^2)).
 // GqaFold: one tile per (b, K/V head, n) walks every sibling head's steps (schedule/sibling_walk.hpp).
-template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold>
+// Varlen: tiles of packed sequences (bwd/tiles.hpp), each masked on its sequence's lengths.
+template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold,
+          bool Varlen>
 struct BwdMainloop {
+    using Tiles = BwdTiles<Varlen>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
     using SharedStorage = typename Traits::SharedStorage;
@@ -80,15 +83,19 @@ struct BwdMainloop {
         cutlass::PipelineState<Traits::kStages> pipe_read;
         int kv_iter = 0;
         int ds_stage = 0;
-        int const off = sched.seqlen_k - sched.seqlen_q;
+        int const dense_off = sched.seqlen_k - sched.seqlen_q;  // every dense tile's
         int const t_in_wg = tid % 128;
 
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
-            TileCtx const c = Policy::make_ctx(sched, t);
-            auto const st = Policy::init(sched, c);
-            int const steps = Policy::num_steps(sched, c, st);
+            TileCtx c;
+            SchedShape seq_shape{};
+            VarlenSeq seq{};
+            SchedShape const& shape = Tiles::template at<Policy>(params, t, c, seq_shape, seq);
+            auto const st = Policy::init(shape, c);
+            int const steps = Policy::num_steps(shape, c, st);
+            int const off = Varlen ? shape.seqlen_k - shape.seqlen_q : dense_off;
             Tensor tdKacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
             Tensor tdVacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
             clear(tdKacc);
@@ -101,7 +108,7 @@ struct BwdMainloop {
                 typename SiblingWalk<GqaFold>::Cursor cursor{};
                 for (int k = 0; k < SiblingWalk<GqaFold>{params.group}.num_steps(steps); ++k) {
                     int const step = cursor.step(k);
-                    int const m = Policy::m_block(sched, c, st, step);
+                    int const m = Policy::m_block(shape, c, st, step);
                     int const m_base = m * kBlockM;
                     int const s = pipe_read.index();
                     Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
@@ -117,14 +124,14 @@ struct BwdMainloop {
                         for (int i = 0; i < size(tSacc); ++i) { tSacc(i) = tanh_approx(tSacc(i) * prescale); }
                     }
                     float const* slse = &ss.smem_lse[s * kBlockM];
-                    bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(sched, m_base, n_base);
+                    bool const need_mask = tile_needs_mask<kBlockM, kBlockN, Is_causal, Is_local>(shape, m_base, n_base);
                     if (need_mask && Is_local) {
                         // Each bound is one compare of an element's compile-time offset from the thread's first
                         // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
                         int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
                         int const above = m_base - n_base + off + sched.window_right - (r0 - c0);  // dr - dc > above
                         int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
-                        int const keys = sched.seqlen_k - n_base - r0, queries = sched.seqlen_q - m_base - c0;
+                        int const keys = shape.seqlen_k - n_base - r0, queries = shape.seqlen_q - m_base - c0;
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
                             int const dr = get<0>(tScS(i)) - r0, dc = get<1>(tScS(i)) - c0;
@@ -136,7 +143,7 @@ struct BwdMainloop {
                         for (int i = 0; i < size(tSacc); ++i) {
                             int const row = n_base + get<0>(tScS(i));  // key
                             int const col = m_base + get<1>(tScS(i));  // query
-                            bool const masked = row >= sched.seqlen_k || col >= sched.seqlen_q ||
+                            bool const masked = row >= shape.seqlen_k || col >= shape.seqlen_q ||
                                                 (Is_causal && row > col + off);
                             tSacc(i) = masked ? -INFINITY : tSacc(i);
                         }
@@ -206,7 +213,8 @@ struct BwdMainloop {
                 ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;
             }
-            BwdEpilogue<Traits, Deterministic, GqaFold>::store(params, sched, c, tid, mma_dkv, tdKacc, tdVacc);
+            BwdEpilogue<Traits, Deterministic, GqaFold, Varlen>::store(params, shape, c, seq, tid, mma_dkv, tdKacc,
+                                                                       tdVacc);
         }
     }
 };

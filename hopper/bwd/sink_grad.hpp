@@ -5,19 +5,24 @@
 #include <cutlass/cutlass.h>
 #include <cstdint>
 
+#include "common/varlen.hpp"
+
 namespace flash_dash {
 namespace bwd {
 
 struct SinkGradParams {
     float const* sink;   // (heads,) logits
-    float const* lse;    // (b, h, sq) contiguous, natural log, includes the sink
-    float const* dpsum;  // (b, h, rows) with rows = padded_rows (the preprocess's layout)
+    float const* lse;    // (b, h, sq) contiguous, natural log, includes the sink; a pack: (h, total_q)
+    float const* dpsum;  // (b, h, rows) with rows = padded_rows (the preprocess's layout); a pack: (h, padded_rows)
     float* dsink;        // (heads,)
-    int batch, heads, seqlen_q;
+    int batch, heads, seqlen_q;  // a pack: batch sequences, seqlen_q = total_q
     int64_t padded_rows;
+    VarlenSeq const* varlen_seqs;  // a pack: the prepare CTA's views, else nullptr
+    int block_m;                   // a pack: rows per query tile of the dPsum layout (VarlenSeq::m_start's)
 };
 
-template <int kThreads>
+// Varlen: the sequences' rows in pack order (each from its own dPsum tiles).
+template <int kThreads, bool Varlen>
 __global__ void __launch_bounds__(kThreads) bwd_sink_grad_kernel(SinkGradParams const p) {
     static_assert((kThreads & (kThreads - 1)) == 0, "the tree reduction halves a power of two");
     __shared__ float partial[kThreads];
@@ -25,10 +30,21 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grad_kernel(SinkGradParams 
     float const sink = p.sink[h];
     float acc = 0.f;
     for (int b = 0; b < p.batch; ++b) {
-        int64_t const bh = int64_t(b) * p.heads + h;
-        float const* lse = p.lse + bh * p.seqlen_q;
-        float const* dpsum = p.dpsum + bh * p.padded_rows;
-        for (int r = threadIdx.x; r < p.seqlen_q; r += kThreads) { acc += expf(sink - lse[r]) * dpsum[r]; }
+        float const* lse;
+        float const* dpsum;
+        int rows;
+        if constexpr (Varlen) {
+            VarlenSeq const s = p.varlen_seqs[b];
+            lse = p.lse + int64_t(h) * p.seqlen_q + s.q_start;
+            dpsum = p.dpsum + int64_t(h) * p.padded_rows + int64_t(s.m_start) * p.block_m;
+            rows = s.len_q;
+        } else {
+            int64_t const bh = int64_t(b) * p.heads + h;
+            lse = p.lse + bh * p.seqlen_q;
+            dpsum = p.dpsum + bh * p.padded_rows;
+            rows = p.seqlen_q;
+        }
+        for (int r = threadIdx.x; r < rows; r += kThreads) { acc += expf(sink - lse[r]) * dpsum[r]; }
     }
     partial[threadIdx.x] = acc;
     __syncthreads();

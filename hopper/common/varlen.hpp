@@ -21,9 +21,13 @@
 
 namespace flash_dash {
 
-// Rows [q_start, q_start + len_q) of the packed q attend to rows [k_start, k_start + len_k) of k and v.
+// Rows [q_start, q_start + len_q) of the packed q attend to rows [k_start, k_start + len_k) of k and v. The backward's
+// per-tile workspace (dQ accumulators and counters, dPsum / LSE rows, GQA dK/dV accumulators) gives each sequence
+// its own whole tiles: its query blocks start at tile m_start and its key blocks at tile n_start of a head's
+// (VarlenTiling::q_rows / k_rows blocks; prefix sums over the sequences before it).
 struct alignas(16) VarlenSeq {
     int q_start, k_start, len_q, len_k;
+    int m_start, n_start, unused0, unused1;
 };
 
 // One tile of the pack: `block` is its m block (forward) or n block (backward) within sequence `seq`.
@@ -60,9 +64,12 @@ struct VarlenArgs {
     int max_seqlen_q, max_seqlen_k;
     VarlenStatus* status;     // host-mapped
     void* workspace;          // varlen_workspace_bytes(...) bytes
-    // What a rejected pack fills with NaN besides lse: the contiguous 16-bit output (forward: out; nullptr: none).
-    void* poison;
-    int64_t poison_count;
+    // What a rejected pack fills with NaN: contiguous outputs, 16-bit (forward: out; backward: dq, dk, dv) and fp32
+    // (forward: lse; backward: dsink); nullptr: none.
+    void* poison16[3];
+    int64_t poison16_count[3];
+    float* poison32;
+    int64_t poison32_count;
 };
 
 // The binding sizes the tile table for blocks of at least this many rows (every kernel's blocks are larger).
@@ -97,25 +104,35 @@ FLASH_DASH_HD VarlenWorkspace varlen_workspace(void* base, int64_t batch) {
     return w;
 }
 
-// The order of a sequence's tiles in the table (tile j of a sequence with `blocks` blocks and `heads` heads):
-// longest first (block descending, heads inner, so a round of the grid runs tiles of one cost on different heads)
-// when the blocks' costs grow with the block index (causal forward), else heads outer and blocks inner (the blocks
-// of one head share its K/V in L2).
-FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, bool longest_first) {
-    if (longest_first) {
-        int const level = j / heads;
-        return (blocks - 1 - level) * heads + (j - level * heads);
+// The order of a sequence's tiles in the table (tile j of a sequence with `blocks` blocks, `heads` query heads and
+// `heads_k` K/V heads), as block * heads + head:
+//   kVarlenHeadsOuter: heads outer, blocks inner (a head's blocks share its K/V in L2; full-mask forwards);
+//   kVarlenLongestFirst: block descending, heads inner (a round of the grid runs tiles of one cost on different heads;
+//     causal forwards, whose blocks' costs grow with the block index);
+//   kVarlenKeyClaims: block ascending, head slots inner (the backward's claims): a tile's rank predecessor (n - 1,
+//     same head) is `heads` claims earlier, not the claim before, so it has usually started; slot r is sibling
+//     r / heads_k of K/V head r % heads_k (policies.hpp slot_head), so GQA siblings, which add their dK/dV behind one
+//     counter in head order, sit heads_k claims apart and sibling s - 1 still comes first.
+enum VarlenTileOrder : int { kVarlenHeadsOuter = 0, kVarlenLongestFirst = 1, kVarlenKeyClaims = 2 };
+
+FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, int heads_k, int order) {
+    if (order == kVarlenHeadsOuter) {
+        int const head = j / blocks;
+        return (j - head * blocks) * heads + head;
     }
-    int const head = j / blocks;
-    return (j - head * blocks) * heads + head;
+    int const level = j / heads, r = j - level * heads;
+    if (order == kVarlenLongestFirst) { return (blocks - 1 - level) * heads + r; }
+    return level * heads + (r % heads_k) * (heads / heads_k) + r / heads_k;
 }
 
 // What the table holds: forward tiles are query blocks (a sequence without keys still writes its rows), backward
-// tiles key blocks of sequences that have queries; `rows` per block.
+// tiles key blocks of sequences that have queries; `rows` per block. q_rows / k_rows: the blocks that VarlenSeq's
+// m_start / n_start count.
 struct VarlenTiling {
-    int rows, heads;
+    int rows, heads, heads_k;
     bool key_blocks;
-    bool longest_first;  // varlen_tile_block_head
+    int order;  // VarlenTileOrder
+    int q_rows, k_rows;
 };
 
 // The pack's first error at boundary i (0 .. batch) as seq * 16 + code (INT_MAX: none): the lowest such key over
@@ -145,7 +162,7 @@ FLASH_DASH_HD int varlen_error_at(VarlenArgs const& a, int i, int batch, int tot
 
 // Sequence i of a checked pack.
 FLASH_DASH_HD VarlenSeq varlen_seq(VarlenArgs const& a, int i) {
-    VarlenSeq s;
+    VarlenSeq s{};
     s.q_start = a.cu_seqlens_q[i];
     s.k_start = a.cu_seqlens_k[i];
     s.len_q = a.seqused_q != nullptr ? a.seqused_q[i] : a.cu_seqlens_q[i + 1] - s.q_start;
@@ -159,6 +176,10 @@ FLASH_DASH_HD int varlen_blocks(VarlenSeq const& s, VarlenTiling const& t) {
     return (len + t.rows - 1) / t.rows;
 }
 
+// The blocks VarlenSeq's m_start / n_start count.
+FLASH_DASH_HD int varlen_m_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_q + t.q_rows - 1) / t.q_rows; }
+FLASH_DASH_HD int varlen_n_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_k + t.k_rows - 1) / t.k_rows; }
+
 // The largest r in [0, n) with prefix[r] <= j, for non-decreasing prefix with prefix[0] <= j < prefix[n]: the
 // sequence of tile j (sequences without tiles are skipped).
 FLASH_DASH_HD int varlen_find(int const* prefix, int n, int j) {
@@ -170,16 +191,32 @@ FLASH_DASH_HD int varlen_find(int const* prefix, int n, int j) {
     return lo;
 }
 
+// The sequence whose workspace tiles (VarlenSeq::m_start on for query tiles of `rows` rows, n_start on for key tiles)
+// hold tile x of a head's, or -1 past the pack's tiles. Sequences without such tiles share the next one's start, so
+// the last sequence starting at or before x is the one.
+FLASH_DASH_HD int varlen_seq_of_tile(VarlenSeq const* seqs, int batch, int x, int rows, bool keys) {
+    if (batch <= 0) { return -1; }
+    int lo = 0, hi = batch;
+    while (hi - lo > 1) {
+        int const mid = (lo + hi) / 2;
+        if ((keys ? seqs[mid].n_start : seqs[mid].m_start) <= x) { lo = mid; } else { hi = mid; }
+    }
+    VarlenSeq const s = seqs[lo];
+    int const start = keys ? s.n_start : s.m_start;
+    int const len = keys ? s.len_k : s.len_q;
+    return x >= start && x < start + (len + rows - 1) / rows ? lo : -1;
+}
+
 #if defined(__CUDACC__)
 
 constexpr int kVarlenPrepareThreads = 1024;
 
-// One CTA: checks the offsets (a bad pack: the status word, no tiles, NaN in a.poison and poison_lse), then writes
+// One CTA: checks the offsets (a bad pack: the status word, no tiles, empty views, NaN in the poisoned outputs), then
+// writes
 // the views and the table (sequences in pack order, chunk by chunk: a block-wide scan gives the chunk's tile offsets,
 // and every thread writes table entries whose sequence it finds in the chunk's prefix sums in shared memory).
 __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
-    varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling,
-                          float* poison_lse, int64_t poison_lse_count) {
+    varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling) {
     constexpr int kT = kVarlenPrepareThreads;
     using Scan = cub::BlockScan<int, kT>;
     __shared__ typename Scan::TempStorage scan_storage;
@@ -203,20 +240,38 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
             __threadfence_system();  // the host reads code first: seq must be there when code is
             a.status->code = first_error % 16;
         }
+        // Empty views: the passes that read them (the backward's pre- and postprocess) find no sequence.
+        for (int i = tid; i < batch; i += kT) { w.seqs[i] = VarlenSeq{}; }
         // 0x7fff is a NaN in bf16 and in fp16.
-        for (int64_t i = tid; i < a.poison_count; i += kT) { static_cast<uint16_t*>(a.poison)[i] = 0x7fff; }
-        for (int64_t i = tid; i < poison_lse_count; i += kT) { poison_lse[i] = __int_as_float(0x7fc00000); }
+        for (int t = 0; t < 3; ++t) {
+            for (int64_t i = tid; i < a.poison16_count[t]; i += kT) { static_cast<uint16_t*>(a.poison16[t])[i] = 0x7fff; }
+        }
+        for (int64_t i = tid; i < a.poison32_count; i += kT) { a.poison32[i] = __int_as_float(0x7fc00000); }
         return;
     }
-    int base = 0;  // tiles of the chunks before
+    int base = 0, m_base = 0, n_base = 0;  // tiles, query blocks and key blocks of the chunks before
     for (int c0 = 0; c0 < batch; c0 += kT) {
         int const i = c0 + tid;
-        int blocks = 0;
+        int blocks = 0, m_blocks = 0, n_blocks = 0;
+        VarlenSeq s{};
         if (i < batch) {
-            VarlenSeq const s = varlen_seq(a, i);
-            w.seqs[i] = s;
+            s = varlen_seq(a, i);
             blocks = varlen_blocks(s, tiling);
+            m_blocks = varlen_m_blocks(s, tiling);
+            n_blocks = varlen_n_blocks(s, tiling);
         }
+        int m_before = 0, m_chunk = 0, n_before = 0, n_chunk = 0;
+        Scan(scan_storage).ExclusiveSum(m_blocks, m_before, m_chunk);
+        __syncthreads();
+        Scan(scan_storage).ExclusiveSum(n_blocks, n_before, n_chunk);
+        __syncthreads();
+        if (i < batch) {
+            s.m_start = m_base + m_before;
+            s.n_start = n_base + n_before;
+            w.seqs[i] = s;
+        }
+        m_base += m_chunk;
+        n_base += n_chunk;
         blocks_of[tid] = blocks;
         int before = 0, chunk_tiles = 0;
         Scan(scan_storage).ExclusiveSum(blocks * tiling.heads, before, chunk_tiles);
@@ -226,7 +281,7 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
         for (int j = tid; j < chunk_tiles; j += kT) {
             int const r = varlen_find(prefix, kT, j);
             w.tiles[base + j] = {c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], tiling.heads,
-                                                                tiling.longest_first)};
+                                                                tiling.heads_k, tiling.order)};
         }
         base += chunk_tiles;
         __syncthreads();  // prefix, blocks_of and the scan's storage are reused by the next chunk

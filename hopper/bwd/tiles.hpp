@@ -1,0 +1,62 @@
+// The backward's tiles as every role reads them: on a dense call's grid (the policy decodes tile t over (b, h, n),
+// every tile walks params.sched) or, in the varlen kernels, from the pack's tile table (common/varlen.hpp): tile t is
+// key block n of head h of sequence c.b, walked on that sequence's own grid (its lengths, tiles and mask), so its
+// Q-tile order and dQ ranks are the ones the sequence has alone. The varlen kernels run the dynamic-grid policies
+// (claims in table order: a sequence's heads outer, key blocks inner, so a rank predecessor (n - 1, m) and a GQA
+// sibling predecessor (same n, head h - 1) come earlier, as the deadlock-freedom argument of policies.hpp needs).
+#pragma once
+#include <cute/tensor.hpp>
+
+#include "common/varlen.hpp"
+#include "schedule/policies.hpp"
+
+namespace flash_dash {
+namespace bwd {
+
+template <bool Varlen>
+struct BwdTiles {
+    // Tile t's context; returns the shape its policy walks (params.sched, or `local` filled with the sequence's
+    // grid), and fills `seq` with the sequence's view (varlen only).
+    template <class Policy, class KP>
+    CUTLASS_DEVICE static SchedShape const& at(KP const& params, int t, TileCtx& c, SchedShape& local,
+                                              VarlenSeq& seq) {
+        if constexpr (Varlen) {
+            static_assert(Policy::kDynamic && !Policy::kPairGrid, "varlen backwards run the dynamic-grid orders");
+            VarlenTile const e = params.varlen_tiles[t];
+            seq = params.varlen_seqs[e.seq];
+            local = params.sched;
+            local.seqlen_q = seq.len_q;
+            local.seqlen_k = seq.len_k;
+            local.num_m = (seq.len_q + local.block_m - 1) / local.block_m;
+            local.num_n = (seq.len_k + local.block_n - 1) / local.block_n;
+            c.t = t;
+            c.n = e.block_head / local.heads;
+            c.h = e.block_head - c.n * local.heads;
+            c.b = e.seq;
+            c.m_min = m_min_of(local, c.n);
+            c.m_end = m_end_of(local, c.n);
+            return local;
+        } else {
+            c = Policy::make_ctx(params.sched, t);
+            return params.sched;
+        }
+    }
+
+    // The tiles the grid walks.
+    template <class KP>
+    CUTLASS_DEVICE static int count(KP const& params) {
+        if constexpr (Varlen) { return *params.varlen_num_tiles; }
+        else { return params.sched.num_tiles(); }
+    }
+
+    // The (rows, d) view of head h of a (rows, d, heads, batch) TMA tensor whose row 0 is the tile's first row: batch
+    // b of a dense call, or the packed row row0 (one batch of packed rows).
+    template <class TensorX>
+    CUTLASS_DEVICE static auto rows(TensorX const& mX, int h, int b, int row0) {
+        if constexpr (Varlen) { return cute::domain_offset(cute::make_coord(row0, cute::_0{}), mX(cute::_, cute::_, h, 0)); }
+        else { return mX(cute::_, cute::_, h, b); }
+    }
+};
+
+}  // namespace bwd
+}  // namespace flash_dash
