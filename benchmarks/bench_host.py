@@ -14,8 +14,10 @@ of what flash_attn_varlen_func decides on the host: check_varlen_args (dtypes, d
 offsets' values read and checked, one PackedSequence per document), the per-document launch decisions of the
 backward (launch.sequence_launch, as the interim CUDA path and varlen_schedule_used make them) for a new pack (the
 lru_cache cleared before each call, outside the timed region) and a repeated one, and varlen_schedule_used whole (new
-pack). Excluded: kernel launches and, on CUDA tensors, the device-to-host copy of the offsets that read_layout makes
-(one per forward and one per backward on the interim path).
+pack); and what the varlen kernels' path decides on the host for both passes (check_varlen_args, the kernels' mask
+at the maximum lengths, launch.varlen_kernel_launch: nothing per document). Excluded: kernel launches, the binding's
+argument checks and, on CUDA tensors, the device-to-host copy of the offsets that read_layout makes (one per forward
+and one per backward on the interim path; none on the kernels' path).
 """
 from __future__ import annotations
 
@@ -40,8 +42,9 @@ SHAPES = [
 # varlen kernels' 2**31-element limit (check_varlen_args refuses 16 heads of 128 at 1M tokens).
 VARLEN_PACKS = [(16384, 1), (16384, 16), (65536, 64), (262144, 256), (1 << 20, 1000)]
 VARLEN_SHAPE = dict(heads=8, heads_k=2, head_dim=128, causal=True, deterministic=True, schedule="auto", num_sms=132)
-VARLEN_EXCLUDES = ("kernel launches; on CUDA tensors, the device-to-host copy of cu_seqlens that read_layout makes "
-                   "(one per forward and one per backward on the interim path)")
+VARLEN_EXCLUDES = ("kernel launches and the binding's argument checks; on CUDA tensors, the device-to-host copy of "
+                   "cu_seqlens that read_layout makes (one per forward and one per backward on the interim path, none "
+                   "on the kernels' path)")
 
 
 def time_ns(fn, calls: int, setup=None) -> float:
@@ -99,8 +102,8 @@ def dense_section(calls: int) -> list[dict]:
 def varlen_section(calls: int) -> dict:
     import torch
 
-    from flash_attn_dash import varlen_schedule_used
-    from flash_attn_dash.launch import bwd_launch, sequence_launch
+    from flash_attn_dash import features, varlen_schedule_used
+    from flash_attn_dash.launch import bwd_launch, sequence_launch, varlen_kernel_launch
     from flash_attn_dash.varlen_checks import check_varlen_args
     from flash_attn_dash.varlen_layout import read_layout
 
@@ -110,7 +113,7 @@ def varlen_section(calls: int) -> dict:
     print(f"\nvarlen, CPU tensors: heads {h}/{hk}, hdim {d}, causal, deterministic {sh['schedule']!r}; times in us "
           f"(decisions: per document, launch.sequence_launch)")
     print(f"{'tokens':>8} {'docs':>5} {'check_varlen_args':>17} {'read_layout':>11} {'decisions new':>13} "
-          f"{'decisions cached':>16} {'schedule_used new':>17} {'new, per doc':>12}")
+          f"{'decisions cached':>16} {'schedule_used new':>17} {'new, per doc':>12} {'kernel path':>11}")
     for tokens, docs in VARLEN_PACKS:
         lengths = pack_lengths(tokens, docs)
         cu = torch.tensor([0, *itertools.accumulate(lengths)], dtype=torch.int32)
@@ -124,6 +127,11 @@ def varlen_section(calls: int) -> dict:
             return [sequence_launch(causal, d, s.q_len, s.k_len, h, sh["num_sms"], det, sh["schedule"])
                     for s in seqs if s.has_work]
 
+        def kernel_path():  # both passes: the checks, the mask, the backward's order and grid
+            check_varlen_args(q, k, k, cu, cu, m, m, None, None)
+            features.kernel_mask(causal, (-1, -1), 0.0, m, m)
+            varlen_kernel_launch(det, sh["schedule"], d, tokens, docs, h, sh["num_sms"])
+
         us = dict(
             check_varlen_args=time_ns(lambda: check_varlen_args(q, k, k, cu, cu, m, m, None, None), calls),
             read_layout=time_ns(lambda: read_layout(cu, cu, m, m, None, None, tokens, tokens), calls),
@@ -132,6 +140,7 @@ def varlen_section(calls: int) -> dict:
             schedule_used_new=time_ns(lambda: varlen_schedule_used(q, k, cu, cu, m, m, causal=causal,
                                                                    deterministic=det, schedule=sh["schedule"]),
                                       calls, setup=bwd_launch.cache_clear),
+            kernel_path=time_ns(kernel_path, calls),
         )
         us = {name: ns / 1e3 for name, ns in us.items()}
         rows.append(dict(tokens=tokens, docs=docs, max_seqlen=m, us=us,
@@ -139,10 +148,11 @@ def varlen_section(calls: int) -> dict:
                          schedules=sorted({launch.schedule for launch in decisions()})))
         print(f"{tokens:>8} {docs:>5} {us['check_varlen_args']:17.2f} {us['read_layout']:11.2f} "
               f"{us['decisions_new']:13.2f} {us['decisions_cached']:16.2f} {us['schedule_used_new']:17.2f} "
-              f"{us['schedule_used_new'] / docs:12.3f}")
+              f"{us['schedule_used_new'] / docs:12.3f} {us['kernel_path']:11.2f}")
     big = rows[-1]
     print(f"{big['tokens']}-token pack of {big['docs']} documents, new pack: varlen_schedule_used "
-          f"{big['us']['schedule_used_new']:.0f} us (issue 18 point 3 target: a few tens of us)")
+          f"{big['us']['schedule_used_new']:.0f} us, the kernels' path {big['us']['kernel_path']:.1f} us "
+          "(issue 18 point 3 target: a few tens of us)")
     print(f"excluded: {VARLEN_EXCLUDES}")
     # the machine may be shared: its load when the numbers were taken
     return dict(shape=sh, excludes=VARLEN_EXCLUDES, load_average=os.getloadavg(), rows=rows)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from . import _ext, checks, features, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
+from . import _ext, checks, features, varlen_cuda, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
 from . import interface  # noqa: F401  (loads the extension and the dense ops)
 from .varlen_checks import check_varlen_args, check_varlen_features
-from .launch import sequence_launch
+from .launch import sequence_launch, varlen_kernel_launch
 from .varlen_layout import read_layout
 
 _ext.warn_if_gpu_without_kernels()
@@ -158,6 +158,8 @@ def varlen_schedule_used(
     that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
     fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
     and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
+    Where the varlen backward kernel runs (:data:`.varlen_cuda.BWD_KERNEL_VALIDATED`, a portable request), every
+    sequence answers its order (:func:`.launch.varlen_kernel_launch`: non-deterministic packs walk descending).
     ``window_size`` is ``flash_attn_varlen_func``'s, applied to each sequence (aligned bottom-right on its used
     lengths); a sliding window runs its own orders (:func:`.launch.bwd_launch`).
     """
@@ -173,10 +175,16 @@ def varlen_schedule_used(
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, shape.total_q,
                        shape.total_k)
+    # The varlen backward kernel, where it runs, walks one portable order for the whole pack.
+    kernel = varlen_cuda.BWD_KERNEL_VALIDATED and varlen_kernel_launch(
+        deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms)
     used: list[str | None] = []
     for s in seqs:
         if not s.has_work:
             used.append(None)
+            continue
+        if kernel:
+            used.append(kernel[0])
             continue
         seq_causal, seq_window = features.kernel_window(causal, window, s.q_len, s.k_len)
         used.append(sequence_launch(seq_causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms,

@@ -156,3 +156,20 @@ def test_varlen_kernel_orders_match_the_launcher():
     assert re.search(r"Schedule::kDescending\)\s*\{\s*f\(PolicyTag<Descending>", body)
     assert re.search(r"if constexpr \(Deterministic\)\s*\{\s*if \(s == Schedule::kAscending\)", body)
     assert set(PORTABLE_SCHEDULES) == {"ascending", "descending"}
+
+
+def test_varlen_schedule_used_answers_the_kernels_order_where_it_runs(monkeypatch):
+    """With the varlen backward kernel in use, every sequence with work answers the pack's one portable order; a
+    deterministic grid-dependent request still answers per sequence (it runs one dense backward per sequence)."""
+    from flash_attn_dash import varlen_cuda
+    pack = _pack()
+    per_sequence = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True,
+                                        schedule="symmetric_shift")
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    want = [None if s is None else "descending" for s in per_sequence]
+    assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=False) == want
+    assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True) == want
+    asc = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=False, deterministic=True, schedule="ascending")
+    assert asc == [None if s is None else "ascending" for s in per_sequence]
+    assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True,
+                                schedule="symmetric_shift") == per_sequence
