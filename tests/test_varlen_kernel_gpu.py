@@ -316,10 +316,11 @@ def test_bad_offsets_poison_the_gradients(monkeypatch):
     bad = args["cu_seqlens_k"].clone()
     bad[2] = 50  # sequence 1 gets a negative key length
     grads = [torch.zeros_like(t) for t in (q, k, v)]
+    sink, dsink = torch.zeros(4, device="cuda"), torch.zeros(4, device="cuda")
     varlen_cuda.kernel_backward_into(_dout(pack), q, k, v, out, lse, *grads, args["cu_seqlens_q"], bad, 300, 300,
-                                     None, None, 0.125, False, True, "auto", 0, (-1, -1), 0.0, None)
+                                     None, None, 0.125, False, True, "auto", 0, (-1, -1), 0.0, sink, dsink)
     torch.cuda.synchronize()
-    assert all(torch.isnan(g).all() for g in grads)
+    assert all(torch.isnan(g).all() for g in [*grads, dsink])
     with pytest.raises(ValueError, match=r"cu_seqlens_k must be non-decreasing \(sequence 1"):
         varlen_cuda.raise_pending_error(q.device)
 

@@ -262,6 +262,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         sg.padded_rows = int64_t(M) * kBlockM;
         sg.varlen_seqs = vw.seqs;
         sg.block_m = kBlockM;
+        sg.status = p.varlen.status;
         constexpr int kSinkGradThreads = 256;
         if (varlen) {
             bwd_sink_grad_kernel<kSinkGradThreads, true><<<p.num_heads, kSinkGradThreads, 0, stream>>>(sg);

@@ -19,6 +19,7 @@ struct SinkGradParams {
     int64_t padded_rows;
     VarlenSeq const* varlen_seqs;  // a pack: the prepare CTA's views, else nullptr
     int block_m;                   // a pack: rows per query tile of the dPsum layout (VarlenSeq::m_start's)
+    VarlenStatus const* status;    // a pack: the prepare CTA's status word (a rejected pack keeps its NaN dsink)
 };
 
 // Varlen: the sequences' rows in pack order (each from its own dPsum tiles).
@@ -27,6 +28,9 @@ __global__ void __launch_bounds__(kThreads) bwd_sink_grad_kernel(SinkGradParams 
     static_assert((kThreads & (kThreads - 1)) == 0, "the tree reduction halves a power of two");
     __shared__ float partial[kThreads];
     int const h = blockIdx.x;
+    if constexpr (Varlen) {
+        if (p.status->code != 0) { return; }
+    }
     float const sink = p.sink[h];
     float acc = 0.f;
     for (int b = 0; b < p.batch; ++b) {

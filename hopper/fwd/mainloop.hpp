@@ -235,17 +235,22 @@ struct FwdMainloopSm90 {
         // Mask keys >= seqlen_k and, if causal or windowed, keys outside [i + offset - left, i + offset + right]
         // (offset = seqlen_k - seqlen_q of the tile's sequence). Only blocks that straddle a boundary need it; the
         // steps pick a masking or a plain body before issuing their GEMMs.
-        int const dense_offset = p.seqlen_k - p.seqlen_q;  // the dense kernels' offset, for every tile
-        auto needs_mask = [&](Seq const& seq, int row0, int n_block) {
-            return Blocks::needs_mask(mask_shape(p, seq), row0, n_block);
+        // The current tile's mask: a dense call's from the parameters (the same for every tile, so the lambdas below
+        // read the parameter bank as they did before packs), a packed sequence's lengths and offset set per tile (the
+        // rest from the parameters: few registers, which the 160-register warpgroups of hdim 64 lack).
+        int offset = p.seqlen_k - p.seqlen_q;
+        int tile_len_q = p.seqlen_q, tile_len_k = p.seqlen_k;
+        auto current_mask = [&]() {
+            if constexpr (kVarlen) { return FwdMaskShape{tile_len_q, tile_len_k, p.is_causal, p.window_left, p.window_right}; }
+            else { return FwdMaskShape{p.seqlen_q, p.seqlen_k, p.is_causal, p.window_left, p.window_right}; }
         };
-        auto apply_mask = [&](Seq const& seq, int row0, int n_block) {
+        auto needs_mask = [&](int row0, int n_block) { return Blocks::needs_mask(current_mask(), row0, n_block); };
+        auto apply_mask = [&](int row0, int n_block) {
             int const col0 = n_block * kBlockN;
-            int const offset = kVarlen ? seq.seqlen_k() - seq.seqlen_q() : dense_offset;
             CUTLASS_PRAGMA_UNROLL
             for (int r = 0; r < size<0>(tS_rc); ++r) {
                 int const row = row0 + get<0>(tScS_rc(r, 0));
-                int limit = seq.seqlen_k();
+                int limit = kVarlen ? tile_len_k : p.seqlen_k;
                 if constexpr (kWindow) {
                     limit = min(limit, row + offset + p.window_right + 1) - col0;
                     int const first = row + offset - p.window_left - col0;
@@ -321,6 +326,11 @@ struct FwdMainloopSm90 {
             Seq const seq = seq_of(p, tile);
             int const n_max = n_block_max(p, seq, tile.m_block);
             int const n_min = n_block_min(p, seq, tile.m_block);
+            if constexpr (kVarlen) {
+                tile_len_q = seq.seqlen_q();
+                tile_len_k = seq.seqlen_k();
+                offset = tile_len_k - tile_len_q;
+            }
             if (n_max <= n_min) {
                 if (pv_pending) { flush(); }
                 softmax.reset();
@@ -348,7 +358,7 @@ struct FwdMainloopSm90 {
                 softmax.reset();
                 if constexpr (kSoftcap) { apply_softcap(); }
                 // (written out: defining masked_if_needed below before this block changed hdim 64's SASS)
-                if (needs_mask(seq, row0, n)) { apply_mask(seq, row0, n); }
+                if (needs_mask(row0, n)) { apply_mask(row0, n); }
                 softmax.online(tS_rc, o_scale);  // O is zero: no rescale
                 convert_fragment(tSrS, rP);
                 pv_pending = true;
@@ -436,19 +446,19 @@ struct FwdMainloopSm90 {
                 pv_tile = tile;
             };
             // What a step does to S before its softmax.
-            auto masked = [&](int n_block) { apply_mask(seq, row0, n_block); };
+            auto masked = [&](int n_block) { apply_mask(row0, n_block); };
             auto unmasked = [](int) {};
             auto masked_if_needed = [&](int n_block) {
-                if (needs_mask(seq, row0, n_block)) { apply_mask(seq, row0, n_block); }
+                if (needs_mask(row0, n_block)) { apply_mask(row0, n_block); }
             };
             if constexpr (kPin) {
                 // Masked blocks (those straddling seqlen_k or the diagonal) come first in the walk; a window's
                 // left edge cuts the last ones (below n_unmasked_min), which the masked loop then runs again
                 // (a third copy of the step made ptxas spill).
-                int const n_unmasked_min = Blocks::unmasked_min(mask_shape(p, seq), row0, n_min);
+                int const n_unmasked_min = Blocks::unmasked_min(current_mask(), row0, n_min);
                 do {
                     CUTLASS_PRAGMA_NO_UNROLL
-                    for (; n >= n_min && needs_mask(seq, row0, n); --n) { step(masked, n == n_max - 1); }
+                    for (; n >= n_min && needs_mask(row0, n); --n) { step(masked, n == n_max - 1); }
                     CUTLASS_PRAGMA_NO_UNROLL
                     for (; n >= n_unmasked_min; --n) { step(unmasked, n == n_max - 1); }
                 } while (kWindow && n >= n_min);
