@@ -31,8 +31,7 @@ struct FwdEpilogueSm90 {
 
     // rO: normalised O fragment of the PV TiledMMA, already in the output type; lse: per owned row
     // (natural log). Rows outside the sequence are not written (lse: predicate; O: the TMA store clips the box at
-    // the tensor's end; a packed sequence's block that straddles its ends is copied row by row instead, since its
-    // box would write the neighbours' rows).
+    // the tensor's end; a packed sequence's block that straddles its ends is copied row by row, store_rows).
     template <class TensorO, int kNRows>
     CUTE_DEVICE static void store(Params const& p, SharedStorage& ss, TensorO const& rO,
                                   float const (&lse)[kNRows], FwdTile const& tile, Seq const& seq, int tid) {
@@ -56,7 +55,7 @@ struct FwdEpilogueSm90 {
 
         if constexpr (!Traits::kStagedO) {
             // Straight from registers: columns (c, c+1) of a row are adjacent in the fragment and in
-            // memory (c even), so each thread writes 4-byte pairs. Rows >= seqlen_q are skipped.
+            // memory (c even), so each thread writes 4-byte pairs. Rows outside the sequence are skipped.
             Tensor rO_rc = make_rowcol_view(rO);
             Element* base = p.o_ptr + int64_t(seq.batch()) * p.o_batch_stride + int64_t(tile.head) * p.o_head_stride +
                             int64_t(seq.q_start()) * p.o_row_stride;
@@ -99,7 +98,8 @@ struct FwdEpilogueSm90 {
             if constexpr (kVarlen) {
                 int const block_row = Traits::first_row(seq, tile.m_block) + part * Traits::kORows;
                 if (!all_rows(seq, block_row, Traits::kORows)) {
-                    if (in_rows(seq, block_row, Traits::kORows)) { store_rows(p, sO, tile, seq, block_row, t); }
+                    store_rows(sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride, p.o_row_stride,
+                               seq.q_start() + block_row, seq.q_start() + seq.seqlen_q(), block_row, t);
                     return;
                 }
             }
@@ -116,21 +116,32 @@ struct FwdEpilogueSm90 {
         }
     }
 
-    // The staged block's rows inside the sequence, 16 bytes per thread and step (the swizzle keeps 8-element
-    // chunks of a row together), by the part's threads; they read what the part's barrier made visible, and the
-    // next tile's barrier keeps its writes behind these reads.
+    // A packed sequence's staged block that straddles its ends (a TMA box would write the neighbours' rows): the
+    // part's threads copy its rows inside the sequence, 16 bytes each per pass (every swizzle keeps 8-element chunks
+    // of a row together and repeats within 8 rows, so a thread's chunk moves by a fixed offset from pass to pass).
+    // They read what the part's barrier made visible; the next tile's barrier keeps its writes behind these reads.
+    // A rolled loop with running pointers: unrolled, its registers made the 160-register warpgroups' step loop
+    // spill. first: the block's first packed row; end: the sequence's end row; block_row: the block's first row in
+    // the sequence (negative rows precede it).
     template <class TensorS>
-    CUTE_DEVICE static void store_rows(Params const& p, TensorS const& sO, FwdTile const& tile, Seq const& seq,
+    CUTE_DEVICE static void store_rows(TensorS const& sO, Element* o_head, int64_t row_stride, int first, int end,
                                        int block_row, int t) {
         constexpr int kChunks = kHeadDim / 8;
-        Element* base = p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride;
-        for (int i = t; i < Traits::kORows * kChunks; i += kPartThreads) {
-            int const r = i / kChunks, c = (i - r * kChunks) * 8;
-            int const row = block_row + r;
-            if (row >= 0 && row < seq.seqlen_q()) {
-                *reinterpret_cast<uint4*>(base + int64_t(row) * p.o_row_stride + c) =
-                    *reinterpret_cast<uint4 const*>(&sO(r, c));
-            }
+        constexpr int kRowsPerPass = kPartThreads / kChunks / 8 * 8;
+        static_assert(kRowsPerPass >= 8 && Traits::kORows % kRowsPerPass == 0);
+        if (t >= kRowsPerPass * kChunks) { return; }
+        int const r0 = t / kChunks, c = (t - r0 * kChunks) * 8;
+        Element const* src = &sO(r0, c);
+        int const src_step = int(&sO(r0 + kRowsPerPass, c) - src);
+        int row = first + r0;
+        Element* dst = o_head + int64_t(row) * row_stride + c;
+        int const skip = block_row < 0 ? -block_row : 0;  // rows before the sequence's first
+#pragma unroll 1
+        for (int r = r0; r < Traits::kORows; r += kRowsPerPass) {
+            if (r >= skip && row < end) { *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<uint4 const*>(src); }
+            src += src_step;
+            dst += kRowsPerPass * row_stride;
+            row += kRowsPerPass;
         }
     }
 
