@@ -85,7 +85,9 @@ def flash_attn_varlen_func(
             them, so tight bounds cost less.
         seqused_q, seqused_k: None, or int32 (batch,) on q's device: sequence b uses only its first
             ``seqused_*[b]`` tokens (each in [0, that sequence's length]); the rest of its rows are ignored (out 0,
-            lse -inf, gradients 0), and the used lengths are the sequence's lengths for the causal mask.
+            lse -inf, gradients 0), and the used lengths are the sequence's lengths for the causal mask. Unused rows
+            must still hold finite values: the varlen kernels read whole tiles, and a masked key's weight is an exact
+            0, which keeps finite neighbours out of a sequence's bits but turns an inf or NaN into NaN.
         softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5.
         causal: causal mask aligned bottom-right per sequence (query i of a sequence sees its key j iff
             j <= i + len_k - len_q); rows that see no key return 0 with lse = -inf. Sets the window's right side
