@@ -11,6 +11,9 @@ hdim 64/128, heads = --hidden/hdim (2048/hdim), K/V heads --heads-k (default: he
 
 Implementations (--impl, keys / groups / fnmatch patterns as bench_attn.py):
   dash-varlen, dash-varlen-det           ours, flash_attn_dash.flash_attn_varlen_func (det: schedule "auto");
+  dash-varlen-kernels, dash-varlen-kernels-det
+                                         the same with the varlen kernels forced on for the row (the gates
+                                         varlen_cuda.FWD/BWD_KERNEL_VALIDATED, before their GPU tests lift them);
   dash-dense, dash-dense-det, dash-dense-det-descending
                                          ours, flash_attn_func on the (batch, seqlen) view of a uniform pack (the
                                          varlen-vs-dense comparison at equal shapes; "descending" is the order
@@ -50,6 +53,8 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
+import importlib
 import itertools
 import os
 import sys
@@ -131,6 +136,7 @@ def pack_fwd_flops(lengths, heads: int, hdim: int, causal: bool) -> float:
 class VarlenImpl(bc.Impl):
     api: str = "varlen"  # "varlen": one call on the packed tensors; "dense": the (batch, seqlen) view of a uniform pack
     bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense "descending" calls
+    varlen_kernels: bool = False  # ours: the varlen kernels forced on while the row runs
 
     def runs_on(self, pack: Pack) -> bool:
         return self.api == "varlen" or pack.kind == "uniform"
@@ -142,6 +148,9 @@ class VarlenImpl(bc.Impl):
 IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("dash-varlen", "ours varlen non-det", "dash", False, "auto"),
     VarlenImpl("dash-varlen-det", "ours varlen det auto", "dash", True, "auto", bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-kernels", "ours varlen kernels non-det", "dash", False, "auto", varlen_kernels=True),
+    VarlenImpl("dash-varlen-kernels-det", "ours varlen kernels det auto", "dash", True, "auto", bitwise_as_dense=True,
+               varlen_kernels=True),
     VarlenImpl("dash-dense", "ours dense non-det", "dash", False, "auto", api="dense"),
     VarlenImpl("dash-dense-det", "ours dense det auto", "dash", True, "auto", api="dense"),
     VarlenImpl("dash-dense-det-descending", "ours dense det descending", "dash", True, "descending", api="dense",
@@ -152,10 +161,11 @@ IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
 ]}
 IMPL_GROUPS = {
     "ours": [k for k in IMPLS if k.startswith("dash-")],
-    "ours-varlen": ["dash-varlen", "dash-varlen-det"],
+    "ours-varlen": ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels", "dash-varlen-kernels-det"],
     "ours-dense": ["dash-dense", "dash-dense-det", "dash-dense-det-descending"],
     "fa4-all": ["fa4-varlen", "fa4-varlen-det"],
-    "default": list(IMPLS),
+    # the kernels' rows are for runs before their gates lift (after it, dash-varlen* run the kernels)
+    "default": [k for k in IMPLS if not IMPLS[k].varlen_kernels],
     "all": list(IMPLS),
 }
 # (label, numerator impl, denominator impl) per pack kind: the issue's targets, bwd / fwd
@@ -199,6 +209,21 @@ def nested_sdpa_fn(pack: Pack, causal: bool, cu, backend: str):
                 raise
         return out.transpose(1, 2).values()
     return fn
+
+
+@contextlib.contextmanager
+def forced_varlen_kernels(on: bool):
+    """The varlen kernels' gates set while a row runs (nothing when ``on`` is False or our package is absent)."""
+    if not on:
+        yield
+        return
+    vc = importlib.import_module("flash_attn_dash.varlen_cuda")
+    saved = vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED
+    vc.FWD_KERNEL_VALIDATED = vc.BWD_KERNEL_VALIDATED = True
+    try:
+        yield
+    finally:
+        vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED = saved
 
 
 def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu):
@@ -445,6 +470,10 @@ class Runner:
 
     # ------------------------------------------------------------------ one row
     def run_row(self, impl: VarlenImpl, sh, sets, cu):
+        with forced_varlen_kernels(impl.varlen_kernels):
+            return self._run_row(impl, sh, sets, cu)
+
+    def _run_row(self, impl: VarlenImpl, sh, sets, cu):
         args = self.args
         pack = sh["pack"]
         row = impl.describe()

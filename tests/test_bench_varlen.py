@@ -79,7 +79,7 @@ def plan(*argv):
 
 def test_default_plan():
     shapes, impls = plan()
-    assert impls == list(bv.IMPLS)
+    assert impls == [k for k in bv.IMPLS if not k.startswith("dash-varlen-kernels")]
     pareto = [sh for sh in shapes if sh["pack"].kind == "pareto"]
     uniform = [sh for sh in shapes if sh["pack"].kind == "uniform"]
     assert len(pareto) == 2 * 2 * 2 and {sh["mask"] for sh in pareto} == {"causal"}
@@ -109,7 +109,11 @@ def test_impl_selection():
     assert plan("--impl", "fa4*,cudnn-varlen")[1] == ["fa4-varlen", "fa4-varlen-det", "cudnn-varlen"]
     assert plan("--impl", "dash-varlen-det", "--impl", "ours-dense")[1] == [
         "dash-varlen-det", "dash-dense", "dash-dense-det", "dash-dense-det-descending"]
-    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == ["dash-varlen-det", "dash-dense-det-descending"]
+    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == ["dash-varlen-det", "dash-varlen-kernels-det",
+                                                                      "dash-dense-det-descending"]
+    assert [k for k in bv.IMPLS if bv.IMPLS[k].varlen_kernels] == ["dash-varlen-kernels", "dash-varlen-kernels-det"]
+    assert plan("--impl", "ours-varlen")[1] == ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels",
+                                                "dash-varlen-kernels-det"]
     assert bv.IMPLS["dash-dense"].describe()["api"] == "dense" and bv.IMPLS["fa4-varlen"].describe()["api"] == "varlen"
 
 
@@ -283,7 +287,8 @@ def test_bench_host_varlen_section(tmp_path):
     assert "rows" not in doc  # the dense section did not run
     varlen = doc["varlen"]
     assert [(row["tokens"], row["docs"]) for row in varlen["rows"]] == bench_host.VARLEN_PACKS
-    parts = {"check_varlen_args", "read_layout", "decisions_new", "decisions_cached", "schedule_used_new"}
+    parts = {"check_varlen_args", "read_layout", "decisions_new", "decisions_cached", "schedule_used_new",
+             "kernel_path"}
     assert all(set(row["us"]) == parts and min(row["us"].values()) > 0 for row in varlen["rows"])
     assert all(row["schedules"] == ["descending"] for row in varlen["rows"])
     assert "device-to-host copy" in varlen["excludes"] and "excluded: kernel launches" in r.stdout

@@ -255,3 +255,46 @@ def test_key_claims_put_every_predecessor_first(mirror):
         if h % 4 > 0:  # 4 siblings per K/V head
             assert position[(seq, n * 8 + h - 1)] < p
 
+
+
+def test_the_kernels_path_reads_no_offsets_on_the_host(monkeypatch):
+    """The varlen kernels' host path (issue 18 point 3) never reads cu_seqlens / seqused: no device-to-host copy, so
+    it is CUDA-graph capturable and its cost does not grow with the pack. Checked on fake CUDA tensors with the
+    kernels' gates on and the ops stubbed: reading the layout raises."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from flash_attn_dash import checks, varlen_layout
+
+    def no_read(*args, **kwargs):
+        raise AssertionError("the kernels' path read the offsets on the host")
+
+    calls = []
+    monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", True)
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    monkeypatch.setattr(varlen_cuda, "read_layout", no_read)
+    monkeypatch.setattr(varlen_layout, "read_layout", no_read)
+    monkeypatch.setattr(varlen_cuda, "raise_pending_error", lambda device: None)
+    monkeypatch.setattr(varlen_cuda, "status_word", lambda device: torch.zeros(2, dtype=torch.int32))
+    monkeypatch.setattr(checks, "check_sm_margin", lambda sm_margin, device: 132 - sm_margin)
+    monkeypatch.setattr(varlen_cuda.ops, "check_cuda_inputs", lambda *a, **k: None)
+
+    class Ops:
+        @staticmethod
+        def varlen_fwd_out(*args):
+            calls.append("fwd")
+
+        @staticmethod
+        def varlen_bwd_out(*args):
+            calls.append("bwd")
+
+    monkeypatch.setattr(torch.ops, "flash_attn_dash", Ops, raising=False)
+    with FakeTensorMode():
+        q = torch.empty(1000, 4, 64, dtype=torch.bfloat16, device="cuda")
+        k = torch.empty(1000, 2, 64, dtype=torch.bfloat16, device="cuda")
+        cu = torch.empty(11, dtype=torch.int32, device="cuda")
+        out, lse = varlen_cuda.forward(q, k, k, cu, cu, 400, 400, None, None, 0.125, True, 0, (-1, -1), 0.0, None)
+        grads = [torch.empty_like(t) for t in (q, k, k)]
+        varlen_cuda.backward_into(q, q, k, k, out, lse, *grads, cu, cu, 400, 400, None, None, 0.125, True, True,
+                                  "auto", 0, (-1, -1), 0.0, None)
+    assert calls == ["fwd", "bwd"]
