@@ -1,7 +1,7 @@
 """The varlen prepare step (hopper/common/varlen.hpp) compiled as host C++ and checked against a Python model: the
 offsets' checks (the first bad sequence, then the first rule it breaks, whatever the order threads find them), the
 sequence views with their first workspace tiles, and the tile table the persistent grids walk (every (sequence,
-block, head) once, sequences in pack order; within one, heads outer on full-mask forwards, blocks longest first on
+block, head) once; sequences chunk by chunk in pack order, longest first within a chunk; within one sequence, heads outer on full-mask forwards, blocks longest first on
 causal ones, and on the backward's key blocks of sequences with queries blocks ascending over head slots, so that a
 rank predecessor and a GQA sibling predecessor come earlier), built chunk by chunk as the prepare CTA builds it. CPU
 only: needs g++ (or c++)."""
@@ -64,20 +64,29 @@ int main() {
             n_start += varlen_n_blocks(s, t);
         }
         int base = 0;
-        std::vector<int> prefix(chunk + 1), blocks_of(chunk);
+        std::vector<int> prefix(chunk + 1), blocks_of(chunk), cost_of(chunk), seq_at(chunk), blocks(chunk);
         for (int c0 = 0; c0 < batch; c0 += chunk) {
-            int run = 0;
+            for (int r = 0; r < chunk; ++r) {  // the CTA's threads, in reverse (no order may matter)
+                int const i = c0 + chunk - 1 - r, rr = chunk - 1 - r;
+                VarlenSeq const s = i < batch ? varlen_seq(a, i) : VarlenSeq{};
+                cost_of[rr] = i < batch ? varlen_tile_cost(s, t) : -1;
+                blocks[rr] = i < batch ? varlen_blocks(s, t) : 0;
+            }
             for (int r = 0; r < chunk; ++r) {
-                int const i = c0 + r;
-                blocks_of[r] = i < batch ? varlen_blocks(varlen_seq(a, i), t) : 0;
-                prefix[r] = run;
-                run += blocks_of[r] * heads;
+                int const p = varlen_rank(cost_of.data(), chunk, r, cost_of[r]);
+                seq_at[p] = r;
+                blocks_of[p] = blocks[r];
+            }
+            int run = 0;
+            for (int p = 0; p < chunk; ++p) {
+                prefix[p] = run;
+                run += blocks_of[p] * heads;
             }
             prefix[chunk] = run;
             for (int j = 0; j < run; ++j) {
-                int const r = varlen_find(prefix.data(), chunk, j);
-                std::printf("T %d %d\n", c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], heads,
-                                                                         heads_k, order));
+                int const p = varlen_find(prefix.data(), chunk, j);
+                std::printf("T %d %d\n", c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], heads,
+                                                                                 heads_k, order));
             }
             base += run;
         }
@@ -144,12 +153,21 @@ def _model(c: dict) -> list[str]:
         errors.append(b * 16 + 6)
     if errors:
         return [f"E {min(errors)}"]
-    views, table, m_start, n_start = [], [], 0, 0
+    views, table, m_start, n_start, lens = [], [], 0, 0, []
     for i in range(b):
         lq = uq[i] if uq is not None else cu_q[i + 1] - cu_q[i]
         lk = uk[i] if uk is not None else cu_k[i + 1] - cu_k[i]
         views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk} {m_start} {n_start}")
         m_start, n_start = m_start + -(-lq // 64), n_start + -(-lk // 128)  # the mirror's q_rows / k_rows
+        lens.append((lq, lk))
+    # chunks of `chunk` sequences in pack order, each longest first by one tile's work (keys forward, queries
+    # backward), ties in pack order
+    order = []
+    for c0 in range(0, b, c["chunk"]):
+        members = range(c0, min(b, c0 + c["chunk"]))
+        order += sorted(members, key=lambda i: (-(lens[i][0] if c["key_blocks"] else lens[i][1]), i))
+    for i in order:
+        lq, lk = lens[i]
         length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
         blocks = -(-length // c["rows"])
         heads, group = c["heads"], c["heads"] // c["heads_k"]

@@ -176,6 +176,18 @@ FLASH_DASH_HD int varlen_blocks(VarlenSeq const& s, VarlenTiling const& t) {
     return (len + t.rows - 1) / t.rows;
 }
 
+// The work of one of a sequence's tiles, for the longest-first order of the table: a forward query block walks the
+// sequence's keys, a backward key block its queries.
+FLASH_DASH_HD int varlen_tile_cost(VarlenSeq const& s, VarlenTiling const& t) { return t.key_blocks ? s.len_q : s.len_k; }
+
+// Position of sequence `index` (cost `cost`) when a chunk's sequences are sorted by cost, largest first, ties in
+// pack order (a function of the lengths alone); `costs` holds the chunk's n costs.
+FLASH_DASH_HD int varlen_rank(int const* costs, int n, int index, int cost) {
+    int rank = 0;
+    for (int r = 0; r < n; ++r) { rank += costs[r] > cost || (costs[r] == cost && r < index); }
+    return rank;
+}
+
 // The blocks VarlenSeq's m_start / n_start count.
 FLASH_DASH_HD int varlen_m_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_q + t.q_rows - 1) / t.q_rows; }
 FLASH_DASH_HD int varlen_n_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_k + t.k_rows - 1) / t.k_rows; }
@@ -213,15 +225,18 @@ constexpr int kVarlenPrepareThreads = 1024;
 
 // One CTA: checks the offsets (a bad pack: the status word, no tiles, empty views, NaN in the poisoned outputs), then
 // writes
-// the views and the table (sequences in pack order, chunk by chunk: a block-wide scan gives the chunk's tile offsets,
-// and every thread writes table entries whose sequence it finds in the chunk's prefix sums in shared memory).
+// the views and the table chunk by chunk (1024 sequences each, in pack order; within a chunk longest first,
+// varlen_rank): a block-wide scan gives the chunk's tile offsets, and every thread writes table entries whose
+// sequence it finds in the chunk's prefix sums in shared memory.
 __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
     varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling) {
     constexpr int kT = kVarlenPrepareThreads;
     using Scan = cub::BlockScan<int, kT>;
     __shared__ typename Scan::TempStorage scan_storage;
-    __shared__ int prefix[kT + 1];  // prefix[r]: tiles of the chunk's sequences before r
-    __shared__ int blocks_of[kT];
+    __shared__ int prefix[kT + 1];  // prefix[p]: tiles of the chunk's sequences before position p
+    __shared__ int blocks_of[kT];   // the blocks of the sequence at position p
+    __shared__ int cost_of[kT];     // the tile cost of the chunk's sequence r (-1: none)
+    __shared__ int seq_at[kT];      // the chunk's sequence at position p
     __shared__ int first_error;
     VarlenWorkspace const w = varlen_workspace(a.workspace, batch);
     int const tid = int(threadIdx.x);
@@ -272,19 +287,26 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
         }
         m_base += m_chunk;
         n_base += n_chunk;
-        blocks_of[tid] = blocks;
+        // The chunk's sequences longest first (the grids then start the longest tiles first and end on short ones).
+        int const cost = i < batch ? varlen_tile_cost(s, tiling) : -1;
+        cost_of[tid] = cost;
+        __syncthreads();
+        int const rank = varlen_rank(cost_of, kT, tid, cost);
+        seq_at[rank] = tid;
+        blocks_of[rank] = blocks;
+        __syncthreads();
         int before = 0, chunk_tiles = 0;
-        Scan(scan_storage).ExclusiveSum(blocks * tiling.heads, before, chunk_tiles);
+        Scan(scan_storage).ExclusiveSum(blocks_of[tid] * tiling.heads, before, chunk_tiles);
         prefix[tid] = before;
         if (tid == 0) { prefix[kT] = chunk_tiles; }
         __syncthreads();
         for (int j = tid; j < chunk_tiles; j += kT) {
-            int const r = varlen_find(prefix, kT, j);
-            w.tiles[base + j] = {c0 + r, varlen_tile_block_head(j - prefix[r], blocks_of[r], tiling.heads,
-                                                                tiling.heads_k, tiling.order)};
+            int const p = varlen_find(prefix, kT, j);
+            w.tiles[base + j] = {c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], tiling.heads,
+                                                                        tiling.heads_k, tiling.order)};
         }
         base += chunk_tiles;
-        __syncthreads();  // prefix, blocks_of and the scan's storage are reused by the next chunk
+        __syncthreads();  // the shared arrays and the scan's storage are reused by the next chunk
     }
     if (tid == 0) { *w.num_tiles = base; }
 }
