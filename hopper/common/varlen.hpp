@@ -27,7 +27,7 @@ namespace flash_dash {
 // (VarlenTiling::q_rows / k_rows blocks; prefix sums over the sequences before it).
 struct alignas(16) VarlenSeq {
     int q_start, k_start, len_q, len_k;
-    int m_start, n_start, unused0, unused1;
+    int m_start, n_start;
 };
 
 // One tile of the pack: `block` is its m block (forward) or n block (backward) within sequence `seq`.
