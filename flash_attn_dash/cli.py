@@ -124,7 +124,7 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     lengths.add_argument("--seqlen", type=_positive_int, help="query sequence length")
     lengths.add_argument("--seqlens", type=_seqlens, metavar="L1,L2,...",
                          help="a varlen pack instead: the query length of every sequence (0 allowed), all sharing one "
-                              "persistent grid; claims go to the sequence with most work first")
+                              "persistent grid; claims go to the longest sequence first")
     plan.add_argument("--seqlen-k", type=_positive_int, help="key sequence length (default: --seqlen)")
     plan.add_argument("--seqlens-k", type=_seqlens, metavar="K1,K2,...",
                       help="with --seqlens: the key length of every sequence (default: --seqlens)")
@@ -296,7 +296,7 @@ def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r
               f"on what it is packed with)")
     same_k = lens_k == lens_q
     order = [int(b) for b in pack.order]
-    notes = [f"claim order (most work first): sequences {_short(order)}",
+    notes = [f"claim order (longest first): sequences {_short(order)}",
              "portable: sequences whose bits equal their dense batch-1 call's whatever the pack"]
     return _Shape(
         predictions, VARLEN_AUTO, reason, notes,

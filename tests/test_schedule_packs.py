@@ -119,10 +119,10 @@ def test_claims_map_one_to_one_onto_sequence_head_unit(seed):
     lens_q, lens_k = random_lengths(rng, rng.randint(1, 9))
     pack = PackTiles(rng.choice(("full", "causal")), lens_q, lens_k, 64, 128)
     heads = rng.randint(1, 4)
-    # Claim order: a permutation, most work first, ties in the pack's order.
+    # Claim order: a permutation, longest first (query length: one K/V tile's work), ties in the pack's order.
     order = pack.order.tolist()
     assert sorted(order) == list(range(pack.num_sequences))
-    keys = [(-int(pack.steps[b]), b) for b in order]
+    keys = [(-(pack.seqlens_q[b] if pack.grids[b] is not None else -1), b) for b in order]
     assert keys == sorted(keys)
     for units in (pack.num_n, pack.num_n // 2, np.array([rng.randint(0, 3) for _ in lens_q])):
         offsets = pack.claim_offsets(units, heads)
@@ -159,7 +159,7 @@ def test_tile_ranges_are_the_sequences_grids():
 
 
 @pytest.mark.parametrize("schedule", ["ascending", "descending"])
-def test_dynamic_claims_go_most_work_first(schedule):
+def test_dynamic_claims_go_longest_first(schedule):
     lens = [300, 2048, 0, 1024, 1024, 64]
     plan = build_pack_plan("causal", lens, None, 64, 128, 3, 20, schedule)
     claim_b = plan._orders.tile_b[np.argsort(plan._orders.tile_round)]  # the dynamic grid's round is the claim

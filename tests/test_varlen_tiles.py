@@ -12,16 +12,19 @@ import re
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from flash_attn_dash import varlen_cuda
+from flash_attn_dash.schedule.orders import claim_group, claimed_tiles, slot_heads
 from host_cpp import build_host_program
 
 HEADER = Path(__file__).resolve().parents[1] / "hopper" / "common" / "varlen.hpp"
 INT_MAX = 2**31 - 1
 HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS = 0, 1, 2  # VarlenTileOrder
 
-# Reads cases of: batch chunk rows heads heads_k key_blocks order total_q total_k max_q max_k has_used_q has_used_k,
+# Reads cases of: batch chunk rows heads heads_k key_blocks order grid grouped total_q total_k max_q max_k has_used_q
+# has_used_k,
 # then cu_q (batch+1), cu_k (batch+1), [used_q (batch)], [used_k (batch)]. Prints "E key" for a bad pack, else the
 # views "V q_start k_start len_q len_k m_start n_start" (64-row query and 128-row key blocks) and the table "T seq block_head" lines, then "END".
 MIRROR_CPP = r"""
@@ -33,9 +36,11 @@ MIRROR_CPP = r"""
 using namespace flash_dash;
 
 int main() {
-    int batch, chunk, rows, heads, heads_k, key_blocks, order, total_q, total_k, max_q, max_k, has_uq, has_uk;
-    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k, &key_blocks,
-                      &order, &total_q, &total_k, &max_q, &max_k, &has_uq, &has_uk) == 13) {
+    int batch, chunk, rows, heads, heads_k, key_blocks, order, grid, grouped, total_q, total_k, max_q, max_k, has_uq,
+        has_uk;
+    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k,
+                      &key_blocks, &order, &grid, &grouped, &total_q, &total_k, &max_q, &max_k, &has_uq,
+                      &has_uk) == 15) {
         std::vector<int> cu_q(batch + 1), cu_k(batch + 1), uq(batch), uk(batch);
         for (int& x : cu_q) std::scanf("%d", &x);
         for (int& x : cu_k) std::scanf("%d", &x);
@@ -55,7 +60,7 @@ int main() {
             if (key < first) first = key;
         }
         if (first != INT_MAX) { std::printf("E %d\nEND\n", first); continue; }
-        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128};
+        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128, grid, grouped != 0};
         int m_start = 0, n_start = 0;
         for (int i = 0; i < batch; ++i) {
             VarlenSeq const s = varlen_seq(a, i);
@@ -63,19 +68,23 @@ int main() {
             m_start += varlen_m_blocks(s, t);
             n_start += varlen_n_blocks(s, t);
         }
-        int base = 0;
-        std::vector<int> prefix(chunk + 1), blocks_of(chunk), cost_of(chunk), seq_at(chunk), blocks(chunk);
+        int base = 0, total = 0;
+        for (int i = 0; i < batch; ++i) { total += varlen_blocks(varlen_seq(a, i), t) * heads; }
+        std::vector<int> prefix(chunk + 1), blocks_of(chunk), cost_of(chunk), seq_at(chunk), blocks(chunk),
+            group_of(chunk), m_blocks(chunk);
         for (int c0 = 0; c0 < batch; c0 += chunk) {
             for (int r = 0; r < chunk; ++r) {  // the CTA's threads, in reverse (no order may matter)
                 int const i = c0 + chunk - 1 - r, rr = chunk - 1 - r;
                 VarlenSeq const s = i < batch ? varlen_seq(a, i) : VarlenSeq{};
-                cost_of[rr] = i < batch ? varlen_tile_cost(s, t) : -1;
                 blocks[rr] = i < batch ? varlen_blocks(s, t) : 0;
+                cost_of[rr] = i < batch && blocks[rr] > 0 ? varlen_tile_cost(s, t) : -1;
+                m_blocks[rr] = i < batch ? varlen_m_blocks(s, t) : 0;
             }
             for (int r = 0; r < chunk; ++r) {
                 int const p = varlen_rank(cost_of.data(), chunk, r, cost_of[r]);
                 seq_at[p] = r;
                 blocks_of[p] = blocks[r];
+                group_of[p] = varlen_group(t, m_blocks[r], total);
             }
             int run = 0;
             for (int p = 0; p < chunk; ++p) {
@@ -86,7 +95,7 @@ int main() {
             for (int j = 0; j < run; ++j) {
                 int const p = varlen_find(prefix.data(), chunk, j);
                 std::printf("T %d %d\n", c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], heads,
-                                                                                 heads_k, order));
+                                                                                 heads_k, order, group_of[p]));
             }
             base += run;
         }
@@ -106,7 +115,8 @@ def _run(exe, cases: list[dict]) -> list[list[str]]:
     lines = []
     for c in cases:
         b = len(c["cu_q"]) - 1
-        head = [b, c["chunk"], c["rows"], c["heads"], c["heads_k"], int(c["key_blocks"]), c["order"], c["total_q"],
+        head = [b, c["chunk"], c["rows"], c["heads"], c["heads_k"], int(c["key_blocks"]), c["order"],
+                c.get("grid", 132), int(c.get("grouped", True)), c["total_q"],
                 c["total_k"], c["max_q"], c["max_k"], int(c["used_q"] is not None), int(c["used_k"] is not None)]
         body = c["cu_q"] + c["cu_k"] + (c["used_q"] or []) + (c["used_k"] or [])
         lines.append(" ".join(map(str, head + body)))
@@ -161,11 +171,15 @@ def _model(c: dict) -> list[str]:
         m_start, n_start = m_start + -(-lq // 64), n_start + -(-lk // 128)  # the mirror's q_rows / k_rows
         lens.append((lq, lk))
     # chunks of `chunk` sequences in pack order, each longest first by one tile's work (keys forward, queries
-    # backward), ties in pack order
+    # backward; sequences without tiles last), ties in pack order
+    def cost(i):  # sequences without tiles go last
+        lq, lk = lens[i]
+        has_tiles = (lq > 0 and lk > 0) if c["key_blocks"] else lq > 0
+        return (lq if c["key_blocks"] else lk) if has_tiles else -1
+
     order = []
     for c0 in range(0, b, c["chunk"]):
-        members = range(c0, min(b, c0 + c["chunk"]))
-        order += sorted(members, key=lambda i: (-(lens[i][0] if c["key_blocks"] else lens[i][1]), i))
+        order += sorted(range(c0, min(b, c0 + c["chunk"])), key=lambda i: (-cost(i), i))
     for i in order:
         lq, lk = lens[i]
         length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
@@ -175,9 +189,14 @@ def _model(c: dict) -> list[str]:
             table += [f"T {i} {blk * heads + h}" for h in range(heads) for blk in range(blocks)]
         elif c["order"] == LONGEST_FIRST:
             table += [f"T {i} {blk * heads + h}" for blk in range(blocks - 1, -1, -1) for h in range(heads)]
-        else:  # key claims: head slots r = sibling * heads_k + kv_head
-            table += [f"T {i} {blk * heads + (r % c['heads_k']) * group + r // c['heads_k']}"
-                      for blk in range(blocks) for r in range(heads)]
+        else:  # key claims: the dense backward's (schedule.orders), claim groups of head slots
+            total = sum(heads * -(-((ln[1] if ln[0] > 0 else 0) if c["key_blocks"] else ln[0]) // c["rows"])
+                        for ln in lens)
+            ctas = min(c.get("grid", 132), total)
+            hg = claim_group(-(-lq // 64), heads, ctas) if c.get("grouped", True) else 1
+            slot, n = claimed_tiles(np.arange(heads * blocks), blocks, hg, heads)
+            head = slot_heads(slot, heads, c["heads_k"])
+            table += [f"T {i} {nn * heads + hh}" for hh, nn in zip(head.tolist(), n.tolist())]
     return views + table
 
 
@@ -200,8 +219,9 @@ def test_table_and_views_match_the_model(mirror):
         c = _pack(rng, rng.randint(0, 12), rng.choice([5, 200, 1000]), rng.random() < 0.4)
         heads_k = rng.choice([1, 2])
         c.update(chunk=rng.choice([1, 3, 4, 1024]), rows=rng.choice([64, 128, 192]),
-                 heads=heads_k * rng.choice([1, 3, 4]), heads_k=heads_k, key_blocks=rng.random() < 0.5,
-                 order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]))
+                 heads=heads_k * rng.choice([1, 3, 4, 16]), heads_k=heads_k, key_blocks=rng.random() < 0.5,
+                 order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]), grid=rng.choice([4, 33, 132]),
+                 grouped=rng.random() < 0.7)
         cases.append(c)
     for c, got in zip(cases, _run(mirror, cases)):
         assert got == _model(c), c
@@ -262,7 +282,7 @@ def test_key_claims_put_every_predecessor_first(mirror):
     (n - 1, h) and its GQA sibling predecessor (n, h - 1 of the same K/V head) come earlier."""
     rng = random.Random(2)
     c = _pack(rng, 6, 2000, False)
-    c.update(chunk=4, rows=128, heads=8, heads_k=2, key_blocks=True, order=KEY_CLAIMS)
+    c.update(chunk=4, rows=128, heads=8, heads_k=2, key_blocks=True, order=KEY_CLAIMS, grid=20)
     (got,) = _run(mirror, [c])
     position = {tuple(map(int, line.split()[1:])): p for p, line in enumerate(l for l in got if l.startswith("T"))}
     assert position

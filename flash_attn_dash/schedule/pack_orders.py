@@ -8,7 +8,7 @@ hence its bits, equal its dense batch-1 call's whatever it is packed with: its n
 of sequences and the grid.
 
 Dynamic grid (ascending, descending; shift on a pack with a band; symmetric_shift when no sequence can pair)
-    Claims go sequence by sequence in claim order (most work first, :mod:`.packs`); inside sequence b, n-major within
+    Claims go sequence by sequence in claim order (longest first, :mod:`.packs`); inside sequence b, n-major within
     groups of ``claim_group(M_b, H, G)`` heads, the claims of its dense call.  A rank is the contribution's place in
     the claim order of its dQ tile (``n - n_min(m)``, or ``n_end(m) - 1 - n`` for shift walking up a band) and every
     tile walks its own Q-tile range in its own direction (:func:`.orders.dynamic_walk`), so a sequence's walks and
@@ -96,7 +96,7 @@ def _dynamic(pack: PackTiles, heads: int, num_sms: int, schedule: str, costs: tu
                     lambda tile, m: pack.rows(b[tile], m))
     return claimed_orders(claims, ctas, costs, schedule,
                           f"{schedule} over a dynamic persistent grid of {ctas} CTAs shared by the pack (claims the "
-                          f"sequence with most work first, n-major in groups of up to {int(group.max())} head(s))")
+                          f"longest sequence first, n-major in groups of up to {int(group.max())} head(s))")
 
 
 def _static(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
@@ -116,8 +116,8 @@ def _static(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
     note = over_note(b * heads + h, t // ctas, (running > num_m[b]) & (lengths > 0), "M")
     return Orders(ctas, t % ctas, t // ctas, b, slot_heads(h, heads, heads_kv), n, lengths, step_m, step_rank,
                   "shift",
-                  f"shift over a static persistent grid of {ctas} CTAs shared by the pack (the sequence with "
-                  f"most work first){note}")
+                  f"shift over a static persistent grid of {ctas} CTAs shared by the pack (the longest "
+                  f"sequence first){note}")
 
 
 def _pairs(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
@@ -151,7 +151,7 @@ def _pairs(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
     return Orders(ctas, u[unit] % ctas, u[unit] // ctas, tb, slot_heads(h[unit], heads, heads_kv), n, m_end - m_min,
                   step_m, step_rank,
                   "symmetric_shift", f"symmetric_shift over a pair grid of {ctas} CTAs (s={s}) shared by the pack "
-                  f"(the sequence with most work first){note}")
+                  f"(the longest sequence first){note}")
 
 
 def build_pack_orders(pack: PackTiles, heads: int, num_sms: int, schedule: str,

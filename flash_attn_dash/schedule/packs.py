@@ -9,8 +9,10 @@ K/V tiles (its ``M_b`` dQ tiles receive nothing and must be written as zeros); o
 K/V tiles without steps (they still run, to write zero dK/dV, like a band's unreachable tiles).
 
 Claim order: the persistent grid hands out units (K/V tiles, or symmetric_shift's pairs) sequence by sequence in
-:attr:`PackTiles.order`, most work (visible tiles per head) first, so the short sequences fill the tail of the run
-(longest processing time first).  Ties keep the pack's order.  Inside a sequence the units are head by head (or in
+:attr:`PackTiles.order`, the varlen kernels' table order (``hopper/common/varlen.hpp``): chunks of
+:data:`ORDER_CHUNK` sequences in pack order, each sorted longest first by one K/V tile's work (the sequence's query
+length; sequences without work last), ties in the pack's order, so the short sequences fill the tail of the run
+(longest processing time first).  Inside a sequence the units are head by head (or in
 claim groups of heads, :mod:`.pack_orders`).  With ``U_b`` units per head, sequence ``order[i]`` owns the claims
 ``[P_i, P_{i+1})`` where ``P`` is the prefix sum of ``heads * U_b`` in that order (:meth:`PackTiles.claim_offsets`);
 a claim ``p`` finds its sequence by binary search over ``P`` (:meth:`PackTiles.locate`, O(log B)), or in O(1)
@@ -29,6 +31,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from .tiles import TileGrid, _check_mask, _positive, canonical_window, check_window_size
+
+
+ORDER_CHUNK = 1024  # sequences the varlen prepare CTA sorts at once (kVarlenPrepareThreads)
 
 
 def _lengths(name: str, value) -> tuple[int, ...]:
@@ -85,7 +90,11 @@ class PackTiles:
         self._n_min = self._per_tile(self.num_m, TileGrid.n_min)
         self._k_m = self._per_tile(self.num_m, TileGrid.contributions)
         self.steps = np.array([0 if g is None else g.num_steps_per_head() for g in self.grids], dtype=np.int64)
-        self.order = np.argsort(-self.steps, kind="stable")  # most work first; ties keep the pack's order
+        # Longest first within chunks (the kernels' prepare CTA sorts its 1024 threads' sequences); ties keep the
+        # pack's order.
+        chunk = np.arange(lens_q.size) // ORDER_CHUNK
+        cost = np.where((lens_q > 0) & (lens_k > 0), lens_q, -1)  # sequences without work (no claims) last
+        self.order = np.lexsort((-cost, chunk))
 
     def _per_tile(self, counts: np.ndarray, of_grid) -> np.ndarray:
         parts = [np.zeros(int(c), dtype=np.int64) if g is None else of_grid(g) for g, c in zip(self.grids, counts)]

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
+#include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 #endif
 
@@ -104,25 +105,43 @@ FLASH_DASH_HD VarlenWorkspace varlen_workspace(void* base, int64_t batch) {
     return w;
 }
 
+// Heads per claim group of a sequence with num_m query tiles on a dynamic grid of `grid` CTAs (orders.py
+// claim_group, the dense backward's rule): the largest power of two <= 4 grid / num_m, at least 1, at most `heads`.
+FLASH_DASH_HD int varlen_claim_group(int num_m, int heads, int grid) {
+    int want = 4 * grid / (num_m > 1 ? num_m : 1);
+    want = want < heads ? want : heads;
+    int group = 1;
+    while (group * 2 <= want) { group *= 2; }
+    return group;
+}
+
 // The order of a sequence's tiles in the table (tile j of a sequence with `blocks` blocks, `heads` query heads and
 // `heads_k` K/V heads), as block * heads + head:
 //   kVarlenHeadsOuter: heads outer, blocks inner (a head's blocks share its K/V in L2; full-mask forwards);
 //   kVarlenLongestFirst: block descending, heads inner (a round of the grid runs tiles of one cost on different heads;
 //     causal forwards, whose blocks' costs grow with the block index);
-//   kVarlenKeyClaims: block ascending, head slots inner (the backward's claims): a tile's rank predecessor (n - 1,
-//     same head) is `heads` claims earlier, not the claim before, so it has usually started; slot r is sibling
-//     r / heads_k of K/V head r % heads_k (policies.hpp slot_head), so GQA siblings, which add their dK/dV behind one
-//     counter in head order, sit heads_k claims apart and sibling s - 1 still comes first.
+//   kVarlenKeyClaims: the backward's claims, as its dense call claims them (orders.py claimed_tiles, policies.hpp
+//     DynamicPersistentGrid): blocks ascending within groups of `group` head slots, slot r being sibling r / heads_k of
+//     K/V head r % heads_k (slot_head), so a tile's rank predecessor (n - 1, same head) and its GQA sibling
+//     predecessor (same n, head h - 1, a smaller slot) come earlier.
 enum VarlenTileOrder : int { kVarlenHeadsOuter = 0, kVarlenLongestFirst = 1, kVarlenKeyClaims = 2 };
 
-FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, int heads_k, int order) {
+FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, int heads_k, int order, int group = 1) {
     if (order == kVarlenHeadsOuter) {
         int const head = j / blocks;
         return (j - head * blocks) * heads + head;
     }
-    int const level = j / heads, r = j - level * heads;
-    if (order == kVarlenLongestFirst) { return (blocks - 1 - level) * heads + r; }
-    return level * heads + (r % heads_k) * (heads / heads_k) + r / heads_k;
+    if (order == kVarlenLongestFirst) {
+        int const level = j / heads;
+        return (blocks - 1 - level) * heads + (j - level * heads);
+    }
+    int const g = j / (group * blocks);
+    int const first = g * group;
+    int const size = group < heads - first ? group : heads - first;
+    int const in_group = j - g * group * blocks;
+    int const n = in_group / size;
+    int const slot = first + in_group - n * size;
+    return n * heads + (slot % heads_k) * (heads / heads_k) + slot / heads_k;
 }
 
 // What the table holds: forward tiles are query blocks (a sequence without keys still writes its rows), backward
@@ -133,7 +152,15 @@ struct VarlenTiling {
     bool key_blocks;
     int order;  // VarlenTileOrder
     int q_rows, k_rows;
+    int grid;                   // kVarlenKeyClaims: the launched grid (claim groups use min(grid, tiles))
+    bool grouped_claims;        // kVarlenKeyClaims: claim groups by varlen_claim_group (deterministic), else 1 head
 };
+
+// The claim group of a sequence with num_m query tiles in a table of `tiles` tiles (1 but for grouped key claims).
+FLASH_DASH_HD int varlen_group(VarlenTiling const& t, int num_m, int tiles) {
+    if (t.order != kVarlenKeyClaims || !t.grouped_claims) { return 1; }
+    return varlen_claim_group(num_m, t.heads, t.grid < tiles ? t.grid : tiles);
+}
 
 // The pack's first error at boundary i (0 .. batch) as seq * 16 + code (INT_MAX: none): the lowest such key over
 // the pack names the first bad sequence, then the first rule it breaks, whichever thread finds it.
@@ -237,6 +264,9 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
     __shared__ int blocks_of[kT];   // the blocks of the sequence at position p
     __shared__ int cost_of[kT];     // the tile cost of the chunk's sequence r (-1: none)
     __shared__ int seq_at[kT];      // the chunk's sequence at position p
+    __shared__ int group_of[kT];    // the claim group of the sequence at position p
+    using Reduce = cub::BlockReduce<int, kT>;
+    __shared__ typename Reduce::TempStorage reduce_storage;
     __shared__ int first_error;
     VarlenWorkspace const w = varlen_workspace(a.workspace, batch);
     int const tid = int(threadIdx.x);
@@ -264,6 +294,18 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
         for (int64_t i = tid; i < a.poison32_count; i += kT) { a.poison32[i] = __int_as_float(0x7fc00000); }
         return;
     }
+    // The table's size first: the backward's claim groups depend on the grid the tiles keep busy.
+    int total = 0;
+    for (int c0 = 0; c0 < batch; c0 += kT) {
+        int const i = c0 + tid;
+        int const tiles = i < batch ? varlen_blocks(varlen_seq(a, i), tiling) * tiling.heads : 0;
+        total += Reduce(reduce_storage).Sum(tiles);  // valid in thread 0
+        __syncthreads();
+    }
+    if (tid == 0) { prefix[0] = total; }
+    __syncthreads();
+    total = prefix[0];
+    __syncthreads();
     int base = 0, m_base = 0, n_base = 0;  // tiles, query blocks and key blocks of the chunks before
     for (int c0 = 0; c0 < batch; c0 += kT) {
         int const i = c0 + tid;
@@ -288,12 +330,13 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
         m_base += m_chunk;
         n_base += n_chunk;
         // The chunk's sequences longest first (the grids then start the longest tiles first and end on short ones).
-        int const cost = i < batch ? varlen_tile_cost(s, tiling) : -1;
+        int const cost = i < batch && blocks > 0 ? varlen_tile_cost(s, tiling) : -1;  // no tiles: last
         cost_of[tid] = cost;
         __syncthreads();
         int const rank = varlen_rank(cost_of, kT, tid, cost);
         seq_at[rank] = tid;
         blocks_of[rank] = blocks;
+        group_of[rank] = varlen_group(tiling, m_blocks, total);
         __syncthreads();
         int before = 0, chunk_tiles = 0;
         Scan(scan_storage).ExclusiveSum(blocks_of[tid] * tiling.heads, before, chunk_tiles);
@@ -303,7 +346,7 @@ __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
         for (int j = tid; j < chunk_tiles; j += kT) {
             int const p = varlen_find(prefix, kT, j);
             w.tiles[base + j] = {c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], tiling.heads,
-                                                                        tiling.heads_k, tiling.order)};
+                                                                        tiling.heads_k, tiling.order, group_of[p])};
         }
         base += chunk_tiles;
         __syncthreads();  // the shared arrays and the scan's storage are reused by the next chunk
