@@ -7,8 +7,11 @@ gradients within the FlashAttention tolerance of the deterministic ones; bad off
 next call raises naming the argument; the kernel paths capture in a CUDA graph. Passing this file is what lifts
 ``varlen_cuda.FWD_KERNEL_VALIDATED`` and ``BWD_KERNEL_VALIDATED``. Every case is marked ``gpu``.
 """
+import random
+
 import pytest
 import torch
+from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
 from flash_attn_dash import varlen_cuda
@@ -185,7 +188,7 @@ def test_a_million_token_pack_matches_per_sequence_rows(monkeypatch):
 
 
 def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: bool, schedule: str = "auto",
-                    **kwargs):
+                    sm_margin: int = 0, **kwargs):
     """(dq, dk, dv, dsink) of the per-sequence path and of the kernel path, from the same forward."""
     args = pack.args()
     q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
@@ -204,8 +207,9 @@ def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: 
         sink = opts["learnable_sink"]
         dsink = None if sink is None else torch.zeros(sink.shape, dtype=torch.float32, device=q.device)
         varlen_cuda.backward_into(dout, q, k, v, out, lse, *grads, *layout, opts["softmax_scale"], opts["causal"],
-                                  deterministic, schedule, 0, opts["window_size"], opts["softcap"], sink, dsink)
-        torch.cuda.synchronize()
+                                  deterministic, schedule, sm_margin, opts["window_size"], opts["softcap"], sink,
+                                  dsink)
+        _wait()  # a deadlocked backward fails here instead of hanging the run
         varlen_cuda.raise_pending_error(q.device)
         results.append((*grads, dsink))
     return results
@@ -323,4 +327,25 @@ def test_bad_offsets_poison_the_gradients(monkeypatch):
     assert all(torch.isnan(g).all() for g in [*grads, dsink])
     with pytest.raises(ValueError, match=r"cu_seqlens_k must be non-decreasing \(sequence 1"):
         varlen_cuda.raise_pending_error(q.device)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_backward_kernel_watchdog_sweep(monkeypatch, seed):
+    """Random packs (GQA, masks, windows, every order the kernel runs, grids down to 2 CTAs) finish under the
+    watchdog with each sequence's deterministic bits."""
+    rng = random.Random(seed)
+    heads_k = rng.choice([1, 2, 4])
+    heads = heads_k * rng.choice([1, 2, 3])
+    pack = _random_pack(seed, rng.randint(1, 14), rng.choice([200, 900, 3000]), heads, heads_k, rng.choice([64, 128]),
+                        torch.bfloat16, same_lengths=rng.random() < 0.5, used=rng.random() < 0.3)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    margin = rng.choice([0, sms // 2, sms - 2])
+    features = rng.choice([dict(causal=False), dict(causal=True), dict(causal=True, window_size=(200, 0)),
+                           dict(causal=False, window_size=(150, 40))])
+    schedule = rng.choice(["ascending", "descending"])
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, sm_margin=margin, **features)
+    for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
+        assert torch.equal(g, w), f"{features} {schedule} margin {margin}: {name} differs"
+    _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, sm_margin=margin, **features)
+    assert all(torch.isfinite(g.float()).all() for g in nondet[:3])
 
