@@ -10,6 +10,7 @@
 
 #include "fwd/epilogue.hpp"
 #include "fwd/mainloop.hpp"
+#include "fwd/o_handoff.hpp"
 #include "fwd/softmax.hpp"
 #include "fwd/traits.h"
 #include "schedule/fwd_tile_scheduler.hpp"
@@ -73,6 +74,14 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (is_producer) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         if (threadIdx.x == 0) { Mainloop::load(params, ss, sched, pipe_q, pipe_k, pipe_v); }
+        if constexpr (kVarlen && Traits::kStagedO) {
+            // Warps 1 .. kOParts of the producer warpgroup, idle otherwise: one O copy warp per part.
+            if (warp_idx >= 1 && warp_idx <= Traits::kOParts) {
+                OHandoff<Traits>::copy_warp(params, ss.smem_o.data(), sched,
+                                            [&](FwdTile const& tile) { return Mainloop::seq_of(params, tile); },
+                                            warp_idx - 1, int(threadIdx.x) % 32);
+            }
+        }
     } else {
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
         int const tid = int(threadIdx.x) - 128;

@@ -1,0 +1,67 @@
+// Varlen forward: the O blocks that straddle a packed sequence's ends (a TMA box would write the neighbours' rows) are
+// copied row by row by an idle warp of the producer warpgroup, one per O part, so the copy's registers stay out of the
+// consumers' step loop (inlined there, it made the 160-register warpgroups of hdim 64 spill).
+//
+// Pacing: the part's epilogue named barrier, which the consumers already sync twice per tile (before staging a block,
+// and once it is staged), counts the copy warp too. Per tile the copy warp syncs on the second (the block is staged),
+// copies it if it straddles, and arrives for the next tile's first (the staging buffer is free again); it arrives
+// once before the first tile. So the consumers never wait in a loop of their own, and a copy overlaps the part's next
+// tile.
+#pragma once
+#include <cstdint>
+#include <cute/tensor.hpp>
+
+#include "fwd/barriers.hpp"
+
+namespace flash_dash {
+
+template <class Traits>
+struct OHandoff {
+    using Element = typename Traits::Element;
+    static constexpr int kRows = Traits::kORows;
+    static constexpr int kHeadDim = Traits::kHeadDim;
+    // The part's consumer threads and its copy warp, on the part's epilogue barrier.
+    static constexpr int kBarrierThreads = 128 + 32;
+
+    // Whether the part's block starting at the sequence's row block_row meets the sequence's rows without lying
+    // inside them: the blocks the copy warp stores (the consumers store the others by TMA, or not at all).
+    CUTE_DEVICE static bool straddles(int block_row, int seqlen_q) {
+        bool const inside = block_row >= 0 && block_row + kRows <= seqlen_q;
+        bool const meets = block_row < seqlen_q && block_row + kRows > 0;
+        return meets && !inside;
+    }
+
+    // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's); a straddling block's
+    // rows inside its sequence, 16 bytes per lane and step (every swizzle keeps 8-element chunks of a row together).
+    template <class Params, class Sched, class SeqOf>
+    CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Sched const& sched, SeqOf&& seq_of, int part,
+                                      int lane) {
+        using namespace cute;
+        constexpr int kChunks = kHeadDim / 8;
+        auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
+        Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, part);
+        named_barrier_arrive(kBarrierThreads, bar_id);  // the first tile may stage
+#pragma unroll 1
+        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+            auto const tile = sched.decode(t);
+            auto const seq = seq_of(tile);
+            int const block_row = Traits::first_row(seq, tile.m_block) + part * kRows;
+            named_barrier_sync(kBarrierThreads, bar_id);  // the tile's block is staged
+            if (straddles(block_row, seq.seqlen_q())) {
+                Element* dst = p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride;
+#pragma unroll 1
+                for (int i = lane; i < kRows * kChunks; i += 32) {
+                    int const r = i / kChunks, c = (i - r * kChunks) * 8;
+                    int const row = block_row + r;
+                    if (row >= 0 && row < seq.seqlen_q()) {
+                        *reinterpret_cast<uint4*>(dst + int64_t(row) * p.o_row_stride + c) =
+                            *reinterpret_cast<uint4 const*>(&sO(r, c));
+                    }
+                }
+            }
+            named_barrier_arrive(kBarrierThreads, bar_id);  // the buffer is free for the next tile
+        }
+    }
+};
+
+}  // namespace flash_dash
