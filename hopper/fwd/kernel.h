@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (is_producer) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         if (threadIdx.x == 0) { Mainloop::load(params, ss, sched, pipe_q, pipe_k, pipe_v); }
-        if constexpr (kVarlen && Traits::kStagedO) {
+        if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
             // Warps 1 .. kOParts of the producer warpgroup, idle otherwise: one O copy warp per part.
             if (warp_idx >= 1 && warp_idx <= Traits::kOParts) {
                 OHandoff<Traits>::copy_warp(params, ss.smem_o.data(), sched,

@@ -1,6 +1,6 @@
 // Varlen forward: the O blocks that straddle a packed sequence's ends (a TMA box would write the neighbours' rows) are
 // copied row by row by an idle warp of the producer warpgroup, one per O part, so the copy's registers stay out of the
-// consumers' step loop (inlined there, it made the 160-register warpgroups of hdim 64 spill).
+// consumers' step loop (inlined there, it made the 160-register warpgroups of hdim 64 spill); kUsed says where.
 //
 // Pacing: the part's epilogue named barrier, which the consumers already sync twice per tile (before staging a block,
 // and once it is staged), counts the copy warp too. Per tile the copy warp syncs on the second (the block is staged),
@@ -22,6 +22,10 @@ struct OHandoff {
     static constexpr int kHeadDim = Traits::kHeadDim;
     // The part's consumer threads and its copy warp, on the part's epilogue barrier.
     static constexpr int kBarrierThreads = 128 + 32;
+    // Where the copy warps run: the three-consumer configurations (160 registers each), where the consumers' own copy
+    // spilled (hdim 64: 146-206 B). With two consumers (240 registers) the consumers copy at no spill, and the copy
+    // warps measured worse there (hdim 96 softcap: a 1344 B stack frame in the step loop).
+    static constexpr bool kUsed = Traits::kNumMmaWarpGroups == 3;
 
     // Whether the part's block starting at the sequence's row block_row meets the sequence's rows without lying
     // inside them: the blocks the copy warp stores (the consumers store the others by TMA, or not at all).
@@ -32,7 +36,8 @@ struct OHandoff {
     }
 
     // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's); a straddling block's
-    // rows inside its sequence, 16 bytes per lane and step (every swizzle keeps 8-element chunks of a row together).
+    // rows inside its sequence, 16 bytes per lane and step (every swizzle keeps 8-element chunks of a row together and
+    // repeats within 8 rows), with running pointers: the copy warps have 24-32 registers.
     template <class Params, class Sched, class SeqOf>
     CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Sched const& sched, SeqOf&& seq_of, int part,
                                       int lane) {
@@ -49,13 +54,22 @@ struct OHandoff {
             named_barrier_sync(kBarrierThreads, bar_id);  // the tile's block is staged
             if (straddles(block_row, seq.seqlen_q())) {
                 Element* dst = p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride;
+                int const skip = block_row < 0 ? -block_row : 0;       // rows before the sequence's first
+                int const end = seq.seqlen_q() - block_row;            // rows from here on are past its last
+                // Lane k's chunks (row r0 < 8, column c) move by a fixed offset from one 8-row group to the next.
 #pragma unroll 1
-                for (int i = lane; i < kRows * kChunks; i += 32) {
-                    int const r = i / kChunks, c = (i - r * kChunks) * 8;
-                    int const row = block_row + r;
-                    if (row >= 0 && row < seq.seqlen_q()) {
-                        *reinterpret_cast<uint4*>(dst + int64_t(row) * p.o_row_stride + c) =
-                            *reinterpret_cast<uint4 const*>(&sO(r, c));
+                for (int k = lane; k < 8 * kChunks; k += 32) {
+                    int const r0 = k / kChunks, c = (k - r0 * kChunks) * 8;
+                    Element const* src = &sO(r0, c);
+                    int const src_step = int(&sO(r0 + 8, c) - src);
+                    Element* out = dst + int64_t(block_row + r0) * p.o_row_stride + c;
+#pragma unroll 1
+                    for (int r = r0; r < kRows; r += 8) {
+                        if (r >= skip && r < end) {
+                            *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4 const*>(src);
+                        }
+                        src += src_step;
+                        out += 8 * p.o_row_stride;
                     }
                 }
             }
