@@ -48,25 +48,22 @@ def main():
 def varlen() -> None:
     """Small GQA packs through the varlen backward kernel (prepare CTA, table claims, per-sequence workspace tiles,
     pre/postprocess over them), every order it runs, with and without a sink."""
+    from varlen_packs import sanitize_pack
+
     from flash_attn_dash import varlen_cuda
 
-    lens_q, lens_k = [0, 1, 300, 129, 64, 700], [5, 0, 517, 129, 200, 700]
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     for d in gpu_head_dims():
-        q = torch.randn(sum(lens_q), 2, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(sum(lens_k), 1, d, device="cuda", dtype=torch.bfloat16)
-        v, do = torch.randn_like(k), torch.randn_like(q)
+        q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
+        do = torch.randn_like(q)
         for causal, window, sink in ((False, (-1, -1), None), (True, (-1, -1), None), (True, (128, 0), None),
                                      (True, (-1, -1), torch.randn(2, device="cuda"))):
-            out, lse = varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), None, None,
-                                                  d ** -0.5, causal, 0, window, 0.0, sink)
+            out, lse = varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, 0,
+                                                  window, 0.0, sink)
             for det, sched in ((False, "auto"), (True, "ascending"), (True, "descending")):
                 grads = [torch.zeros_like(t) for t in (q, k, v)]
                 dsink = None if sink is None else torch.zeros(2, device="cuda")
-                varlen_cuda.kernel_backward_into(do, q, k, v, out, lse, *grads, cu_q, cu_k, max(lens_q), max(lens_k),
-                                                 None, None, d ** -0.5, causal, det, sched, 0, window, 0.0, sink,
-                                                 dsink)
+                varlen_cuda.kernel_backward_into(do, q, k, v, out, lse, *grads, cu_q, cu_k, max_q, max_k, None, None,
+                                                 d ** -0.5, causal, det, sched, 0, window, 0.0, sink, dsink)
                 torch.cuda.synchronize()
                 varlen_cuda.raise_pending_error(q.device)
                 print(f"ok varlen d={d} causal={causal} window={window} sink={sink is not None} det={det} "

@@ -42,21 +42,18 @@ def main():
 
 
 def varlen(sms: int) -> None:
-    """Small packs through the varlen forward kernel (the prepare CTA, the table walk and the row-by-row O stores of
-    blocks that straddle a sequence's ends), on a 2-CTA grid and a full one."""
+    """Small packs through the varlen forward kernel (the prepare CTA, the table walk and the row-by-row O copies of
+    blocks that straddle a sequence's ends, by copy warps at hdim 64), on a 2-CTA grid and a full one."""
+    from varlen_packs import sanitize_pack
+
     from flash_attn_dash import varlen_cuda
 
-    lens_q, lens_k = [0, 1, 300, 129, 64, 700], [5, 0, 517, 129, 200, 700]
-    cu_q = torch.tensor([0, *torch.tensor(lens_q).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
-    cu_k = torch.tensor([0, *torch.tensor(lens_k).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     for d in gpu_head_dims():
-        q = torch.randn(sum(lens_q), 2, d, device="cuda", dtype=torch.bfloat16)
-        k = torch.randn(sum(lens_k), 1, d, device="cuda", dtype=torch.bfloat16)
-        v = torch.randn_like(k)
+        q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
         for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))):
             for margin in (0, sms - 2):
-                varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), None, None, d ** -0.5,
-                                           causal, margin, window, 0.0, None)
+                varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, margin,
+                                           window, 0.0, None)
                 torch.cuda.synchronize()
                 varlen_cuda.raise_pending_error(q.device)
                 print(f"ok varlen d={d} causal={causal} window={window} grid<={sms - margin}")

@@ -19,6 +19,21 @@ from flash_attn_dash import varlen_cuda
 pytestmark = pytest.mark.gpu
 
 
+# Feature cases of both passes (sink=True: a learnable sink of the pack's heads).
+FEATURES = [dict(causal=True, window_size=(128, 0)), dict(causal=False, window_size=(64, 32)),
+            dict(causal=True, window_size=(300, 0), softcap=30.0), dict(causal=False, softcap=50.0),
+            dict(causal=True, sink=True), dict(causal=True, window_size=(128, 0), sink=True)]
+FEATURE_IDS = ["causal-band", "two-sided", "band-softcap", "full-softcap", "causal-sink", "band-sink"]
+
+
+def _features(features: dict, heads: int) -> dict:
+    """The case's keyword arguments, its sink drawn (fixed seed) when it has one."""
+    features = dict(features)
+    if features.pop("sink", False):
+        features["learnable_sink"] = torch.randn(heads, generator=torch.Generator().manual_seed(3)).cuda()
+    return features
+
+
 def _random_pack(seed: int, count: int, longest: int, heads: int, heads_k: int, head_dim: int, dtype: torch.dtype,
                  same_lengths: bool, used: bool) -> Pack:
     gen = torch.Generator().manual_seed(seed)
@@ -73,20 +88,11 @@ def test_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, dtype,
     _assert_same_bits(want, got, pack, "plain")
 
 
-@pytest.mark.parametrize("features", [
-    dict(causal=True, window_size=(128, 0)),
-    dict(causal=False, window_size=(64, 32)),
-    dict(causal=True, window_size=(300, 0), softcap=30.0),
-    dict(causal=False, softcap=50.0),
-    dict(causal=True, sink=True),
-    dict(causal=True, window_size=(128, 0), sink=True),
-], ids=["causal-band", "two-sided", "band-softcap", "full-softcap", "causal-sink", "band-sink"])
+@pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
-    features = dict(features)
     pack = _random_pack(head_dim, 9, 900, 8, 2, head_dim, torch.bfloat16, same_lengths=False, used=False)
-    if features.pop("sink", False):
-        features["learnable_sink"] = torch.randn(8, generator=torch.Generator().manual_seed(3)).cuda()
+    features = _features(features, 8)
     want, got = _both_paths(pack, monkeypatch, **features)
     _assert_same_bits(want, got, pack, str(features))
 
@@ -233,20 +239,11 @@ def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkey
         assert torch.equal(g, w), f"{name} differs"
 
 
-@pytest.mark.parametrize("features", [
-    dict(causal=True, window_size=(128, 0)),
-    dict(causal=False, window_size=(64, 32)),
-    dict(causal=True, window_size=(300, 0), softcap=30.0),
-    dict(causal=False, softcap=50.0),
-    dict(causal=True, sink=True),
-    dict(causal=True, window_size=(128, 0), sink=True),
-], ids=["causal-band", "two-sided", "band-softcap", "full-softcap", "causal-sink", "band-sink"])
+@pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
-    features = dict(features)
     pack = _random_pack(head_dim + 1, 9, 900, 8, 2, head_dim, torch.bfloat16, same_lengths=False, used=False)
-    if features.pop("sink", False):
-        features["learnable_sink"] = torch.randn(8, generator=torch.Generator().manual_seed(3)).cuda()
+    features = _features(features, 8)
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
         assert torch.equal(g, w), f"{features}: {name} differs"

@@ -78,3 +78,17 @@ def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax
         if sink is not None and grads[3] is not None:
             dsink += grads[3]
     return out, lse, dq, dk, dv, dsink
+
+
+# The small GQA pack of the compute-sanitizer scripts (tests/sanitize_fwd.py, tests/sanitize_bwd.py): an empty
+# sequence, queries without keys, ragged and one-block lengths, sq != sk.
+SANITIZE_LENS_Q, SANITIZE_LENS_K = [0, 1, 300, 129, 64, 700], [5, 0, 517, 129, 200, 700]
+
+
+def sanitize_pack(head_dim: int):
+    """(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of that pack on the GPU, bf16, 2/1 heads."""
+    q = torch.randn(sum(SANITIZE_LENS_Q), 2, head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(sum(SANITIZE_LENS_K), 1, head_dim, device="cuda", dtype=torch.bfloat16)
+    return (q, k, torch.randn_like(k), cu_seqlens(SANITIZE_LENS_Q, "cuda"), cu_seqlens(SANITIZE_LENS_K, "cuda"),
+            max(SANITIZE_LENS_Q), max(SANITIZE_LENS_K))
+
