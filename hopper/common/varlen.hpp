@@ -251,8 +251,7 @@ FLASH_DASH_HD int varlen_seq_of_tile(VarlenSeq const* seqs, int batch, int x, in
 constexpr int kVarlenPrepareThreads = 1024;
 
 // One CTA: checks the offsets (a bad pack: the status word, no tiles, empty views, NaN in the poisoned outputs), then
-// writes
-// the views and the table chunk by chunk (1024 sequences each, in pack order; within a chunk longest first,
+// writes the views and the table chunk by chunk (1024 sequences each, in pack order; within a chunk longest first,
 // varlen_rank): a block-wide scan gives the chunk's tile offsets, and every thread writes table entries whose
 // sequence it finds in the chunk's prefix sums in shared memory.
 __global__ void __launch_bounds__(kVarlenPrepareThreads, 1)

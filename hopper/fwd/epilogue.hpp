@@ -98,13 +98,16 @@ struct FwdEpilogueSm90 {
             named_barrier_sync(kBarrierThreads, bar_id);
 
             // A block wholly outside [0, seqlen_q) is not stored; one that straddles a packed sequence's ends is the
-            // copy warp's, or copied here by the part's threads (store_rows).
+            // copy warp's, or copied here by the part's threads.
             if constexpr (kVarlen) {
                 int const block_row = Traits::first_row(seq, tile.m_block) + part * Traits::kORows;
                 if (OHandoff<Traits>::straddles(block_row, seq.seqlen_q())) {
                     if constexpr (!kCopyWarps) {
-                        store_rows(sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride, p.o_row_stride,
-                                   seq.q_start() + block_row, seq.q_start() + seq.seqlen_q(), block_row, t);
+                        // The part's threads read what its barrier made visible; the next tile's first barrier keeps
+                        // their writes to the staging buffer behind these reads.
+                        OHandoff<Traits>::template copy_rows<kPartThreads>(
+                            sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride,
+                            p.o_row_stride, block_row, seq.seqlen_q(), t);
                     }
                     return;
                 }
@@ -119,35 +122,6 @@ struct FwdEpilogueSm90 {
                 copy(p.tma_o, tOsO, tOgO);
                 tma_store_arrive();
             }
-        }
-    }
-
-    // A packed sequence's staged block that straddles its ends (a TMA box would write the neighbours' rows): the
-    // part's threads copy its rows inside the sequence, 16 bytes each per pass (every swizzle keeps 8-element chunks
-    // of a row together and repeats within 8 rows, so a thread's chunk moves by a fixed offset from pass to pass).
-    // They read what the part's barrier made visible; the next tile's barrier keeps its writes behind these reads.
-    // A rolled loop with running pointers (the configurations without copy warps, OHandoff::kUsed). first: the
-    // block's first packed row; end: the sequence's end row; block_row: the block's first row in the sequence
-    // (negative rows precede it).
-    template <class TensorS>
-    CUTE_DEVICE static void store_rows(TensorS const& sO, Element* o_head, int64_t row_stride, int first, int end,
-                                       int block_row, int t) {
-        constexpr int kChunks = kHeadDim / 8;
-        constexpr int kRowsPerPass = kPartThreads / kChunks / 8 * 8;
-        static_assert(kRowsPerPass >= 8 && Traits::kORows % kRowsPerPass == 0);
-        if (t >= kRowsPerPass * kChunks) { return; }
-        int const r0 = t / kChunks, c = (t - r0 * kChunks) * 8;
-        Element const* src = &sO(r0, c);
-        int const src_step = int(&sO(r0 + kRowsPerPass, c) - src);
-        int row = first + r0;
-        Element* dst = o_head + int64_t(row) * row_stride + c;
-        int const skip = block_row < 0 ? -block_row : 0;  // rows before the sequence's first
-#pragma unroll 1
-        for (int r = r0; r < Traits::kORows; r += kRowsPerPass) {
-            if (r >= skip && row < end) { *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<uint4 const*>(src); }
-            src += src_step;
-            dst += kRowsPerPass * row_stride;
-            row += kRowsPerPass;
         }
     }
 

@@ -35,9 +35,33 @@ struct OHandoff {
         return meets && !inside;
     }
 
+    // A staged block's rows inside its sequence (dst: the sequence's row 0 of the block's head; block_row: the block's
+    // first row in the sequence, negative rows before it), by kThreads threads (thread t), 16 bytes per step: every
+    // swizzle keeps 8-element chunks of a row together and repeats within 8 rows, so a thread's chunk (row r0 < 8,
+    // column c) moves by a fixed offset from one 8-row group to the next. Rolled, with running pointers: few registers.
+    template <int kThreads, class TensorS>
+    CUTE_DEVICE static void copy_rows(TensorS const& sO, Element* dst, int64_t row_stride, int block_row,
+                                      int seqlen_q, int t) {
+        constexpr int kChunks = kHeadDim / 8;
+        int const skip = block_row < 0 ? -block_row : 0;  // rows before the sequence's first
+        int const end = seqlen_q - block_row;             // rows from here on are past its last
+#pragma unroll 1
+        for (int k = t; k < 8 * kChunks; k += kThreads) {
+            int const r0 = k / kChunks, c = (k - r0 * kChunks) * 8;
+            Element const* src = &sO(r0, c);
+            int const src_step = int(&sO(r0 + 8, c) - src);
+            Element* out = dst + int64_t(block_row + r0) * row_stride + c;
+#pragma unroll 1
+            for (int r = r0; r < kRows; r += 8) {
+                if (r >= skip && r < end) { *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4 const*>(src); }
+                src += src_step;
+                out += 8 * row_stride;
+            }
+        }
+    }
+
     // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's); a straddling block's
-    // rows inside its sequence, 16 bytes per lane and step (every swizzle keeps 8-element chunks of a row together and
-    // repeats within 8 rows), with running pointers: the copy warps have 24-32 registers.
+    // rows inside its sequence (copy_rows; the copy warps have 24-32 registers).
     template <class Params, class Sched, class SeqOf>
     CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Sched const& sched, SeqOf&& seq_of, int part,
                                       int lane) {
@@ -53,25 +77,8 @@ struct OHandoff {
             int const block_row = Traits::first_row(seq, tile.m_block) + part * kRows;
             named_barrier_sync(kBarrierThreads, bar_id);  // the tile's block is staged
             if (straddles(block_row, seq.seqlen_q())) {
-                Element* dst = p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride;
-                int const skip = block_row < 0 ? -block_row : 0;       // rows before the sequence's first
-                int const end = seq.seqlen_q() - block_row;            // rows from here on are past its last
-                // Lane k's chunks (row r0 < 8, column c) move by a fixed offset from one 8-row group to the next.
-#pragma unroll 1
-                for (int k = lane; k < 8 * kChunks; k += 32) {
-                    int const r0 = k / kChunks, c = (k - r0 * kChunks) * 8;
-                    Element const* src = &sO(r0, c);
-                    int const src_step = int(&sO(r0 + 8, c) - src);
-                    Element* out = dst + int64_t(block_row + r0) * p.o_row_stride + c;
-#pragma unroll 1
-                    for (int r = r0; r < kRows; r += 8) {
-                        if (r >= skip && r < end) {
-                            *reinterpret_cast<uint4*>(out) = *reinterpret_cast<uint4 const*>(src);
-                        }
-                        src += src_step;
-                        out += 8 * p.o_row_stride;
-                    }
-                }
+                copy_rows<32>(sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride,
+                              p.o_row_stride, block_row, seq.seqlen_q(), lane);
             }
             named_barrier_arrive(kBarrierThreads, bar_id);  // the buffer is free for the next tile
         }
