@@ -233,7 +233,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         a.workspace = ws + w.varlen;
         VarlenTiling const tiling{kBlockN, p.num_heads, p.num_heads_k, /*key_blocks=*/true, kVarlenKeyClaims, kBlockM,
                                   kBlockN, p.grid, /*grouped_claims=*/p.deterministic};
-        varlen_prepare_kernel<<<1, kVarlenPrepareThreads, 0, stream>>>(a, p.batch, p.seqlen_q, p.seqlen_k, tiling);
+        varlen_prepare_kernel<kVarlenPrepareThreads><<<1, kVarlenPrepareThreads, 0, stream>>>(a, p.batch, p.seqlen_q, p.seqlen_k, tiling);
         check_launch("varlen prepare kernel");
     }
 

@@ -253,10 +253,11 @@ constexpr int kVarlenPrepareThreads = 1024;
 // One CTA: checks the offsets (a bad pack: the status word, no tiles, empty views, NaN in the poisoned outputs), then
 // writes the views and the table chunk by chunk (1024 sequences each, in pack order; within a chunk longest first,
 // varlen_rank): a block-wide scan gives the chunk's tile offsets, and every thread writes table entries whose
-// sequence it finds in the chunk's prefix sums in shared memory.
-__global__ void __launch_bounds__(kVarlenPrepareThreads, 1)
+// sequence it finds in the chunk's prefix sums in shared memory. A template on its block size, which also gives the
+// one definition that a kernel defined in a header needs when several translation units launch it.
+template <int kT>
+__global__ void __launch_bounds__(kT, 1)
     varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling) {
-    constexpr int kT = kVarlenPrepareThreads;
     using Scan = cub::BlockScan<int, kT>;
     __shared__ typename Scan::TempStorage scan_storage;
     __shared__ int prefix[kT + 1];  // prefix[p]: tiles of the chunk's sequences before position p

@@ -27,7 +27,7 @@ void launch_varlen_prepare(FwdParams const& p, cudaStream_t stream) {
     VarlenTiling const tiling{Traits::kBlockM, p.num_heads, p.num_heads_k, /*key_blocks=*/false,
                               p.is_causal ? kVarlenLongestFirst : kVarlenHeadsOuter, Traits::kBlockM, Traits::kBlockN,
                               /*grid=*/1, /*grouped_claims=*/false};
-    varlen_prepare_kernel<<<1, kVarlenPrepareThreads, 0, stream>>>(p.varlen, p.batch, p.seqlen_q, p.seqlen_k, tiling);
+    varlen_prepare_kernel<kVarlenPrepareThreads><<<1, kVarlenPrepareThreads, 0, stream>>>(p.varlen, p.batch, p.seqlen_q, p.seqlen_k, tiling);
     check_launch("varlen prepare kernel");
 }
 
