@@ -66,7 +66,6 @@ struct OHandoff {
     CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Sched const& sched, SeqOf&& seq_of, int part,
                                       int lane) {
         using namespace cute;
-        constexpr int kChunks = kHeadDim / 8;
         auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
         Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, part);
         named_barrier_arrive(kBarrierThreads, bar_id);  // the first tile may stage
