@@ -62,7 +62,7 @@ def _both_paths(pack: Pack, monkeypatch, **kwargs):
     want = varlen_cuda.forward(*call, *opts)
     monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", True)
     got = varlen_cuda.forward(*call, *opts)
-    torch.cuda.synchronize()
+    _wait()  # a deadlocked forward fails here instead of hanging the run
     varlen_cuda.raise_pending_error(q.device)
     return want, got
 
