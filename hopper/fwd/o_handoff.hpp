@@ -2,11 +2,11 @@
 // copied row by row by an idle warp of the producer warpgroup, one per O part, so the copy's registers stay out of the
 // consumers' step loop (inlined there, it made the 160-register warpgroups of hdim 64 spill); kUsed says where.
 //
-// Pacing: the part's epilogue named barrier, which the consumers already sync twice per tile (before staging a block,
-// and once it is staged), counts the copy warp too. Per tile the copy warp syncs on the second (the block is staged),
-// copies it if it straddles, and arrives for the next tile's first (the staging buffer is free again); it arrives
-// once before the first tile. So the consumers never wait in a loop of their own, and a copy overlaps the part's next
-// tile.
+// Pacing: the part's epilogue named barrier, which the consumers already sync twice per tile (the staging buffer is
+// free, then the block is staged), counts the copy warp too, and the copy warp makes the same two syncs per tile, then
+// copies the block if it straddles. Syncs only: a named barrier counts arrivals without generations, so an arrive
+// followed by a sync of the same warp could both land in one generation (it released the consumers early and
+// deadlocked). The consumers' next "free" sync waits for the copy, which otherwise overlaps the part's next tile.
 #pragma once
 #include <cstdint>
 #include <cute/tensor.hpp>
@@ -68,18 +68,17 @@ struct OHandoff {
         using namespace cute;
         auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
         Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, part);
-        named_barrier_arrive(kBarrierThreads, bar_id);  // the first tile may stage
 #pragma unroll 1
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             auto const tile = sched.decode(t);
             auto const seq = seq_of(tile);
             int const block_row = Traits::first_row(seq, tile.m_block) + part * kRows;
+            named_barrier_sync(kBarrierThreads, bar_id);  // the buffer is free (the previous copy is done)
             named_barrier_sync(kBarrierThreads, bar_id);  // the tile's block is staged
             if (straddles(block_row, seq.seqlen_q())) {
                 copy_rows<32>(sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride,
                               p.o_row_stride, block_row, seq.seqlen_q(), lane);
             }
-            named_barrier_arrive(kBarrierThreads, bar_id);  // the buffer is free for the next tile
         }
     }
 };
