@@ -16,7 +16,7 @@ from functools import lru_cache
 from . import variants
 from .schedule.auto import BAND_SCHEDULE, auto_schedule
 from .schedule.orders import claim_group, fallback_reason, num_ctas
-from .schedule.tiles import TileGrid
+from .schedule.tiles import TileGrid, band_steps
 
 NO_WINDOW = (-1, -1)
 CAUSAL_WINDOW = (-1, 0)  # the canonical causal mask
@@ -176,14 +176,22 @@ VARLEN_KERNEL_NONDETERMINISTIC_WALK = "descending"
 
 
 def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, total_k: int, batch: int, heads: int,
-                         num_sms: int) -> tuple[str, int] | None:
+                         num_sms: int, heads_k: int | None = None,
+                         window: tuple[int, int] = NO_WINDOW) -> tuple[str, int] | None:
     """The (order, grid) of the varlen backward kernel for this pack, from shapes alone (no offsets are read): the
     order :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
-    backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound."""
+    backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound.
+    ``window``: the kernels' for the pack (:func:`.features.kernel_mask` at the maximum lengths). Deterministic GQA
+    packs on a window the dense backward folds (:func:`gqa_fold`) also answer None: the varlen kernel does not fold,
+    and a folded dense backward sums the siblings' dK/dV in other bits. A sequence's own window only unbounds sides,
+    so where the pack's does not fold, no sequence's does."""
     order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
     if order not in PORTABLE_SCHEDULES:
         return None
-    block_n = variants.head_dim(head_dim).bwd.block_n
+    block_m, block_n = variants.bwd_tile(head_dim)
+    if deterministic and window not in (NO_WINDOW, CAUSAL_WINDOW) and gqa_fold(
+            heads, heads if heads_k is None else heads_k, band_steps(tuple(window), block_m, block_n)):
+        return None
     return order, max(1, min(num_sms, heads * (total_k // block_n + batch)))
 
 

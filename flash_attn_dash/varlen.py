@@ -172,14 +172,15 @@ def varlen_schedule_used(
     shape = check_varlen_args(q, k, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)
     window, _ = check_varlen_features(causal, window_size, 0.0, None, schedule, shape.heads, max_seqlen_q,
                                       max_seqlen_k, q)
-    features.kernel_mask(causal, window, 0.0, max_seqlen_q, max_seqlen_k)
+    _, kernel_window = features.kernel_mask(causal, window, 0.0, max_seqlen_q, max_seqlen_k)
     checks.check_kernel_head_dim(shape.head_dim)
     num_sms = checks.check_sm_margin(sm_margin, q.device) if q.is_cuda else checks.modeled_grid_size(sm_margin)
     seqs = read_layout(cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, shape.total_q,
                        shape.total_k)
     # The varlen backward kernel, where it runs, walks one portable order for the whole pack.
     kernel = varlen_cuda.BWD_KERNEL_VALIDATED and varlen_kernel_launch(
-        deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms)
+        deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms, shape.heads_k,
+        kernel_window)
     used: list[str | None] = []
     for s in seqs:
         if not s.has_work:

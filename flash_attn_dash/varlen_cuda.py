@@ -25,11 +25,10 @@ import torch
 from . import checks, features, launch, ops, variants, varlen_per_sequence
 from .varlen_layout import read_layout
 
-# The varlen kernels are built and CPU-checked (they compile with every feature; the host mirror test checks the
-# prepare step) but have not run on a GPU yet: tests/test_varlen_kernel_gpu.py runs them against the per-sequence
-# path and lifts these when it passes.
-FWD_KERNEL_VALIDATED = False
-BWD_KERNEL_VALIDATED = False
+# Whether the varlen kernels run: tests/test_varlen_kernel_gpu.py holds them to the per-sequence path's bits (and its
+# log in benchmarks/results says on which commit it passed); a kernel that fails it is switched off here.
+FWD_KERNEL_VALIDATED = True
+BWD_KERNEL_VALIDATED = True
 
 # What the prepare CTA's status codes mean (hopper/common/varlen.hpp, VarlenError), with the sequence they name.
 _STATUS_MESSAGES = {
@@ -155,16 +154,17 @@ def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                          dsink: torch.Tensor | None = None) -> bool:
     """The varlen backward kernel into the zero-filled gradients, as :func:`backward_into` fills them; False (nothing
     launched) when the request's order is not one the kernel runs (:func:`.launch.varlen_kernel_launch`)."""
+    kernel_causal, window = features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k,
+                                                 has_sink=learnable_sink is not None)
     decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0],
-                                          cu_seqlens_q.numel() - 1, q.shape[1], checks.check_sm_margin(sm_margin, q.device))
+                                          cu_seqlens_q.numel() - 1, q.shape[1], checks.check_sm_margin(sm_margin, q.device),
+                                          k.shape[1], window)
     if decided is None:
         return False
     raise_pending_error(q.device)
     if q.shape[0] == 0 or k.shape[0] == 0:
         return True  # no tile: the gradients stay 0
     order, grid = decided
-    kernel_causal, window = features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k,
-                                                 has_sink=learnable_sink is not None)
     wants_dsink = learnable_sink is not None and dsink is not None
     sink = learnable_sink.to(torch.float32).contiguous() if wants_dsink else None
     torch.ops.flash_attn_dash.varlen_bwd_out(

@@ -194,8 +194,9 @@ def test_a_million_token_pack_matches_per_sequence_rows(monkeypatch):
 
 
 def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: bool, schedule: str = "auto",
-                    sm_margin: int = 0, **kwargs):
-    """(dq, dk, dv, dsink) of the per-sequence path and of the kernel path, from the same forward."""
+                    sm_margin: int = 0, kernel_runs: bool | None = True, **kwargs):
+    """(dq, dk, dv, dsink) of the per-sequence path and of the kernel path, from the same forward; ``kernel_runs``:
+    whether the second must have run the varlen kernel (None: either)."""
     args = pack.args()
     q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
     layout = (args["cu_seqlens_q"], args["cu_seqlens_k"], args["max_seqlen_q"], args["max_seqlen_k"],
@@ -207,6 +208,10 @@ def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: 
     out, lse = varlen_cuda.forward(q, k, v, *layout, opts["softmax_scale"], opts["causal"], 0, opts["window_size"],
                                    opts["softcap"], opts["learnable_sink"])
     results = []
+    ran = []
+    kernel_backward_into = varlen_cuda.kernel_backward_into
+    monkeypatch.setattr(varlen_cuda, "kernel_backward_into",
+                        lambda *a, **kw: ran.append(kernel_backward_into(*a, **kw)) or ran[-1])
     for kernel in (False, True):
         monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", kernel)
         grads = [torch.zeros_like(t) for t in (q, k, v)]
@@ -218,6 +223,8 @@ def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: 
         _wait()  # a deadlocked backward fails here instead of hanging the run
         varlen_cuda.raise_pending_error(q.device)
         results.append((*grads, dsink))
+    if kernel_runs is not None:
+        assert ran == [kernel_runs], f"the varlen kernel ran: {ran}, expected {kernel_runs}"
     return results
 
 
@@ -242,13 +249,30 @@ def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkey
 @pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
-    pack = _random_pack(head_dim + 1, 9, 900, 8, 2, head_dim, torch.bfloat16, same_lengths=False, used=False)
+    # GQA, except on the windows the dense backward folds GQA siblings on (the next test).
+    heads_k = 8 if "window_size" in features else 2
+    pack = _random_pack(head_dim + 1, 9, 900, 8, heads_k, head_dim, torch.bfloat16, same_lengths=False, used=False)
     features = _features(features, 8)
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
         assert torch.equal(g, w), f"{features}: {name} differs"
     if want[3] is not None:  # the sink's gradient sums the whole pack in another order: equal to rounding
         torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("window", [(128, 0), (64, 32)], ids=["causal-band", "two-sided"])
+def test_gqa_on_a_folded_window_runs_each_sequence_densely_when_deterministic(monkeypatch, window):
+    """A deterministic GQA pack on a window the dense backward folds siblings on (launch.gqa_fold) runs each
+    sequence's dense backward (the varlen kernel does not fold: its dK/dV sums take other bits); a non-deterministic
+    one runs the kernel, close to them."""
+    pack = _random_pack(11, 9, 900, 8, 2, 128, torch.bfloat16, same_lengths=False, used=False)
+    features = dict(causal=window[1] == 0, window_size=window)
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, kernel_runs=False, **features)
+    for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
+        assert torch.equal(g, w), f"{name} differs"
+    _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, kernel_runs=True, **features)
+    for name, d, n in zip(("dq", "dk", "dv"), want[:3], nondet[:3]):
+        torch.testing.assert_close(n.float(), d.float(), rtol=2e-2, atol=2e-2, msg=name)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -340,7 +364,8 @@ def test_backward_kernel_watchdog_sweep(monkeypatch, seed):
     features = rng.choice([dict(causal=False), dict(causal=True), dict(causal=True, window_size=(200, 0)),
                            dict(causal=False, window_size=(150, 40))])
     schedule = rng.choice(["ascending", "descending"])
-    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, sm_margin=margin, **features)
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, sm_margin=margin, kernel_runs=None,
+                                **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
         assert torch.equal(g, w), f"{features} {schedule} margin {margin}: {name} differs"
     _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, sm_margin=margin, **features)

@@ -5,7 +5,8 @@ import torch
 from varlen_packs import make_pack
 
 import flash_attn_dash.ops as ops
-from flash_attn_dash import backward_schedule_used, flash_attn_varlen_func, set_debug, variants, varlen_schedule_used
+from flash_attn_dash import (backward_schedule_used, flash_attn_varlen_func, set_debug, variants, varlen_cuda,
+                             varlen_schedule_used)
 from flash_attn_dash.schedule import build_plan, bwd_tile_shape
 from flash_attn_dash.launch import PORTABLE_SCHEDULES, VARLEN_AUTO
 
@@ -50,15 +51,32 @@ OTHER_REQUESTS = [(schedule, causal, deterministic)
 
 
 @pytest.mark.parametrize("schedule,causal,deterministic", OTHER_REQUESTS)
-def test_explicit_orders_and_nondeterministic_walks_are_the_dense_ones(schedule, causal, deterministic):
-    """Anything but deterministic "auto" runs what the sequence's own dense call runs, fallbacks included
-    (symmetric_shift needs equal lengths: sequence 3 falls back to descending)."""
+def test_explicit_orders_and_nondeterministic_walks_are_the_dense_ones(monkeypatch, schedule, causal, deterministic):
+    """On the per-sequence path, anything but deterministic "auto" runs what the sequence's own dense call runs,
+    fallbacks included (symmetric_shift needs equal lengths: sequence 3 falls back to descending)."""
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", False)
     pack = _pack()
     got = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=causal, deterministic=deterministic,
                                schedule=schedule, sm_margin=4)
     assert got == _dense_answers(pack, causal, deterministic, schedule, sm_margin=4)
     if schedule == "symmetric_shift" and deterministic:
         assert got == ["symmetric_shift", None, "symmetric_shift", "descending", None]
+
+
+@pytest.mark.parametrize("schedule,causal,deterministic", OTHER_REQUESTS)
+def test_the_varlen_kernel_runs_explicit_portable_orders_and_descending_otherwise(monkeypatch, schedule, causal,
+                                                                                 deterministic):
+    """Where the varlen kernel runs: a deterministic ascending/descending request is what each sequence's dense call
+    runs; a deterministic grid-dependent one (shift, symmetric_shift) runs per sequence, as the dense calls do; a
+    non-deterministic pack walks descending on every sequence (launch.VARLEN_KERNEL_NONDETERMINISTIC_WALK)."""
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
+    pack = _pack()
+    got = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=causal, deterministic=deterministic,
+                               schedule=schedule, sm_margin=4)
+    if deterministic:
+        assert got == _dense_answers(pack, causal, deterministic, schedule, sm_margin=4)
+    else:
+        assert got == ["descending", None, "descending", "descending", None]
 
 
 def test_used_lengths_decide():
@@ -144,6 +162,21 @@ def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, or
         tiles_bound = 16 * (10_000 // variants.head_dim(128).bwd.block_n + 7)
         assert decided[1] == min(132, tiles_bound)
     assert varlen_kernel_launch(True, "auto", 64, 100, 1, 2, 132)[1] == 2 * (100 // 128 + 1)
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("heads_k", [16, 4])
+@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 0), (64, 32), (4000, 0)])
+def test_varlen_kernel_leaves_folded_windows_to_the_dense_backwards(deterministic, heads_k, window):
+    """Deterministic GQA packs on a window the dense backward folds siblings on (launch.gqa_fold, from the window
+    alone) get None: the varlen kernel does not fold, and folded dK/dV sums take other bits. Everything else runs."""
+    from flash_attn_dash.launch import gqa_fold, varlen_kernel_launch
+    from flash_attn_dash.schedule.tiles import band_steps
+    block_m, block_n = variants.bwd_tile(128)
+    folds = window not in ((-1, -1), (-1, 0)) and gqa_fold(16, heads_k, band_steps(window, block_m, block_n))
+    assert folds == (heads_k == 4 and window in ((128, 0), (64, 32)))
+    decided = varlen_kernel_launch(deterministic, "auto", 128, 10_000, 7, 16, 132, heads_k, window)
+    assert (decided is None) == (deterministic and folds)
 
 
 def test_varlen_kernel_orders_match_the_launcher():

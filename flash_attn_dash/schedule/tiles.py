@@ -198,11 +198,16 @@ class TileGrid:
         """An O(1) bound on the steps (visible Q tiles) of any K/V tile when the window bounds both sides (None when a
         side is unbounded, the full and causal masks included): the rows that see a K/V tile's keys span
         ``block_n + left + right`` positions, which touch at most ``(span - 1) // block_m + 2`` Q tiles."""
-        left, right = self._bounds()
-        if left is None or right is None:
-            return None
-        return (self.block_n + left + right - 1) // self.block_m + 2
+        return band_steps(self.window, self.block_m, self.block_n)
 
     def num_steps_per_head(self) -> int:
         """Number of visited (m, n) tiles of one (batch, head)."""
         return int(self.tile_lengths().sum())
+
+
+def band_steps(window: tuple[int, int], block_m: int, block_n: int) -> int | None:
+    """:meth:`TileGrid.band_steps` from the window and the tile sizes alone (None when a side is unbounded)."""
+    left, right = window
+    if left == UNBOUNDED or right == UNBOUNDED:
+        return None
+    return (block_n + left + right - 1) // block_m + 2

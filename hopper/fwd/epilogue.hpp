@@ -81,13 +81,15 @@ struct FwdEpilogueSm90 {
             int const part = tid / kPartThreads;
             int const t = tid % kPartThreads;
             auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
-            // Varlen with copy warps: the part's copy warp syncs on the part's barrier too (fwd/o_handoff.hpp).
+            // Varlen with copy warps: the part's copy warp reads the staged block too (fwd/o_handoff.hpp).
             constexpr bool kCopyWarps = kVarlen && OHandoff<Traits>::kUsed;
-            constexpr int kBarrierThreads = kCopyWarps ? OHandoff<Traits>::kBarrierThreads : kPartThreads;
             Tensor sO = make_tensor(make_smem_ptr(ss.smem_o.data()), typename Traits::SmemLayoutO{})(_, _, part);
 
-            if (t == 0) { tma_store_wait<0>(); }
-            named_barrier_sync(kBarrierThreads, bar_id);
+            if (t == 0) {
+                tma_store_wait<0>();
+                if constexpr (kCopyWarps) { OHandoff<Traits>::wait_free(ss.o_handoff, part); }
+            }
+            named_barrier_sync(kPartThreads, bar_id);
 
             auto smem_copy_O = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, typename Traits::TiledMmaO{});
             auto smem_thr_copy_O = smem_copy_O.get_thread_slice(t);
@@ -95,7 +97,10 @@ struct FwdEpilogueSm90 {
             Tensor taccOsO = smem_thr_copy_O.partition_D(as_position_independent_swizzle_tensor(sO));
             copy(smem_copy_O, taccOrO, taccOsO);
             cutlass::arch::fence_view_async_shared();
-            named_barrier_sync(kBarrierThreads, bar_id);
+            named_barrier_sync(kPartThreads, bar_id);
+            if constexpr (kCopyWarps) {
+                if (t == 0) { OHandoff<Traits>::signal_staged(ss.o_handoff, part); }
+            }
 
             // A block wholly outside [0, seqlen_q) is not stored; one that straddles a packed sequence's ends is the
             // copy warp's, or copied here by the part's threads.

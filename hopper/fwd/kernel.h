@@ -60,6 +60,9 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
     PipelineKV pipe_k(ss.pipeline_k, pkv, Shape<_1, _1, _1>{});
     PipelineKV pipe_v(ss.pipeline_v, pkv, Shape<_1, _1, _1>{});
+    if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
+        if (threadIdx.x == 0) { OHandoff<Traits>::init(ss.o_handoff); }
+    }
     __syncthreads();
 
     auto const sched = [&] {
@@ -77,7 +80,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
             // Warps 1 .. kOParts of the producer warpgroup, idle otherwise: one O copy warp per part.
             if (warp_idx >= 1 && warp_idx <= Traits::kOParts) {
-                OHandoff<Traits>::copy_warp(params, ss.smem_o.data(), sched,
+                OHandoff<Traits>::copy_warp(params, ss.smem_o.data(), ss.o_handoff, sched,
                                             [&](FwdTile const& tile) { return Mainloop::seq_of(params, tile); },
                                             warp_idx - 1, int(threadIdx.x) % 32);
             }

@@ -2,16 +2,17 @@
 // copied row by row by an idle warp of the producer warpgroup, one per O part, so the copy's registers stay out of the
 // consumers' step loop (inlined there, it made the 160-register warpgroups of hdim 64 spill); kUsed says where.
 //
-// Pacing: the part's epilogue named barrier, which the consumers already sync twice per tile (the staging buffer is
-// free, then the block is staged), counts the copy warp too, and the copy warp makes the same two syncs per tile, then
-// copies the block if it straddles. Syncs only: a named barrier counts arrivals without generations, so an arrive
-// followed by a sync of the same warp could both land in one generation (it released the consumers early and
-// deadlocked). The consumers' next "free" sync waits for the copy, which otherwise overlaps the part's next tile.
+// Pacing, per part, by two mbarriers (Traits::OHandoffBarriers): after the consumers' own barrier (the block is
+// staged) one of them arrives on "staged"; the copy warp waits on it, copies the block if it straddles, and all its
+// lanes arrive on "free", which that consumer thread waits on before the part stages its next block. mbarrier phases,
+// not a named barrier shared with the consumers: a named barrier counts arrivals without generations (an arrive then
+// a sync of the copy warp could land in one and release the consumers early), and synccheck reports one generation
+// waited on at different instructions. The copy overlaps the part's next tile.
 #pragma once
 #include <cstdint>
 #include <cute/tensor.hpp>
 
-#include "fwd/barriers.hpp"
+#include <cutlass/arch/barrier.h>
 
 namespace flash_dash {
 
@@ -20,8 +21,6 @@ struct OHandoff {
     using Element = typename Traits::Element;
     static constexpr int kRows = Traits::kORows;
     static constexpr int kHeadDim = Traits::kHeadDim;
-    // The part's consumer threads and its copy warp, on the part's epilogue barrier.
-    static constexpr int kBarrierThreads = 128 + 32;
     // Where the copy warps run: the three-consumer configurations (160 registers each), where the consumers' own copy
     // spilled (hdim 64: 146-206 B). With two consumers (240 registers) the consumers copy at no spill, and the copy
     // warps measured worse there (hdim 96 softcap: a 1344 B stack frame in the step loop).
@@ -60,25 +59,47 @@ struct OHandoff {
         }
     }
 
+    using Barriers = typename Traits::OHandoffBarriers;
+    using Mbarrier = cutlass::arch::ClusterBarrier;
+
+    // By one thread, before the CTA's __syncthreads (fence_barrier_init orders the inits for the other threads).
+    CUTE_DEVICE static void init(Barriers& b) {
+        for (int part = 0; part < Traits::kOParts; ++part) {
+            Mbarrier::init(&b.staged[part], 1);
+            Mbarrier::init(&b.free[part], 32);
+            b.free_phase[part] = 1;  // the fresh barrier's "previous" phase: the first tile does not wait
+        }
+        cutlass::arch::fence_barrier_init();
+    }
+    // Consumers, one thread of the part: before the part stages a block, the copy warp is done with the last one.
+    CUTE_DEVICE static void wait_free(Barriers& b, int part) {
+        uint32_t const phase = b.free_phase[part];
+        Mbarrier::wait(&b.free[part], phase);
+        b.free_phase[part] = phase ^ 1u;
+    }
+    // Consumers, the same thread, once the part's threads synced on the staged block.
+    CUTE_DEVICE static void signal_staged(Barriers& b, int part) { Mbarrier::arrive(&b.staged[part]); }
+
     // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's); a straddling block's
     // rows inside its sequence (copy_rows; the copy warps have 24-32 registers).
     template <class Params, class Sched, class SeqOf>
-    CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Sched const& sched, SeqOf&& seq_of, int part,
-                                      int lane) {
+    CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Barriers& b, Sched const& sched,
+                                      SeqOf&& seq_of, int part, int lane) {
         using namespace cute;
-        auto const bar_id = uint32_t(FwdNamedBarrier::kEpilogueWG0) + uint32_t(part);
         Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, part);
+        uint32_t phase = 0;
 #pragma unroll 1
         for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
             auto const tile = sched.decode(t);
             auto const seq = seq_of(tile);
             int const block_row = Traits::first_row(seq, tile.m_block) + part * kRows;
-            named_barrier_sync(kBarrierThreads, bar_id);  // the buffer is free (the previous copy is done)
-            named_barrier_sync(kBarrierThreads, bar_id);  // the tile's block is staged
+            Mbarrier::wait(&b.staged[part], phase);
+            phase ^= 1u;
             if (straddles(block_row, seq.seqlen_q())) {
                 copy_rows<32>(sO, p.o_ptr + int64_t(tile.head) * p.o_head_stride + int64_t(seq.q_start()) * p.o_row_stride,
                               p.o_row_stride, block_row, seq.seqlen_q(), lane);
             }
+            Mbarrier::arrive(&b.free[part]);  // every lane, after its own reads
         }
     }
 };

@@ -98,6 +98,13 @@ struct FwdKernelTraits {
 
     // O is staged through smem for a TMA store when that fits next to Q and K/V; otherwise (e.g.
     // 128 x 176 at hdim 128) the epilogue stores O straight from registers.
+    // The varlen O copy warps' handoff with the consumers (fwd/o_handoff.hpp), per O part: mbarriers "the block is
+    // staged" and "the buffer is free", and the consumers' phase of the latter (read by one thread per part per tile).
+    struct OHandoffBarriers {
+        uint64_t staged[kOParts];
+        uint64_t free[kOParts];
+        uint32_t free_phase[kOParts];
+    };
     template <bool kStaged>
     struct SharedStorageT {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
@@ -107,6 +114,7 @@ struct FwdKernelTraits {
         typename PipelineQ::SharedStorage pipeline_q;
         typename PipelineKV::SharedStorage pipeline_k;
         typename PipelineKV::SharedStorage pipeline_v;
+        OHandoffBarriers o_handoff;
     };
     static constexpr bool kStagedO = sizeof(SharedStorageT<true>) <= kMaxSmemPerBlock;
     using SharedStorage = SharedStorageT<kStagedO>;
