@@ -10,7 +10,7 @@ import pytest
 import torch
 from varlen_packs import Pack, cu_seqlens, make_pack
 
-from flash_attn_dash import checks, flash_attn_func, flash_attn_varlen_func, varlen_schedule_used
+from flash_attn_dash import checks, flash_attn_func, flash_attn_varlen_func, varlen_cuda, varlen_schedule_used
 
 DEVICES = [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=pytest.mark.gpu)]
 LONGEST = {"cpu": 24, "cuda": 1100}  # longest sequence of a random pack
@@ -105,7 +105,9 @@ def test_a_document_gets_the_same_bits_in_any_pack(device, head_dim, causal, hea
 
 
 @pytest.mark.gpu
-def test_cuda_values_are_checked_on_the_host_copy():
+def test_cuda_values_are_checked_on_the_host_copy(monkeypatch):
+    """The per-sequence path reads the offsets to the host anyway: it checks them there, before any launch."""
+    monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", False)
     pack = make_pack([3, 4, 2], [5, 4, 1], head_dim=64, dtype=torch.bfloat16, device="cuda")
     args = pack.args()
     bad = {
@@ -124,6 +126,30 @@ def test_cuda_values_are_checked_on_the_host_copy():
     with pytest.raises(ValueError, match="head_dim must be one of " + re.escape(str(checks.KERNEL_HEAD_DIMS))):
         q = torch.zeros(9, 4, 80, dtype=torch.bfloat16, device="cuda")
         flash_attn_varlen_func(q, q[:, :2], q[:, :2], args["cu_seqlens_q"], args["cu_seqlens_q"], 4, 4)
+
+
+@pytest.mark.gpu
+def test_cuda_values_on_the_kernel_path_are_checked_on_the_device():
+    """The kernel path reads no offsets on the host (no sync): a bad value fills out with NaN, and the next varlen
+    call on the device raises it, naming the argument (and the sequence)."""
+    pack = make_pack([3, 4, 2], [5, 4, 1], head_dim=64, dtype=torch.bfloat16, device="cuda")
+    args = pack.args()
+    bad = {
+        "cu_seqlens_q": (torch.tensor([1, 3, 7, 9], dtype=torch.int32, device="cuda"),
+                         r"cu_seqlens_q\[0\] must be 0"),
+        "cu_seqlens_k": (torch.tensor([0, 5, 9, 9], dtype=torch.int32, device="cuda"),
+                         r"cu_seqlens_k\[-1\] must equal total_k = k.shape\[0\]"),
+        "max_seqlen_q": (3, r"max_seqlen_q must be >= every sequence's \(used\) query length; sequence 1 is longer"),
+        "seqused_k": (torch.tensor([1, 5, 1], dtype=torch.int32, device="cuda"), r"seqused_k\[1\] must be in \[0, "),
+    }
+    for name, (value, match) in bad.items():
+        out = flash_attn_varlen_func(pack.q, pack.k, pack.v, **{**args, name: value})
+        torch.cuda.synchronize()
+        assert torch.isnan(out).all(), name
+        with pytest.raises(ValueError, match=match):
+            flash_attn_varlen_func(pack.q, pack.k, pack.v, **args)
+    good = flash_attn_varlen_func(pack.q, pack.k, pack.v, **args)  # the error was raised once
+    assert torch.isfinite(good).all()
 
 
 @pytest.mark.gpu

@@ -38,10 +38,11 @@ def _random_pack(seed: int, count: int, longest: int, heads: int, heads_k: int, 
                  same_lengths: bool, used: bool) -> Pack:
     gen = torch.Generator().manual_seed(seed)
     lens_q = torch.randint(0, longest + 1, (count,), generator=gen).tolist()
-    lens_q[:4] = [0, 1, longest, 129]  # an empty, a one-token, a long and a just-past-a-block sequence
+    lens_q[:4] = [0, 1, longest, 129][:count]  # an empty, a one-token, a long and a just-past-a-block sequence
     lens_k = list(lens_q) if same_lengths else torch.randint(0, longest + 1, (count,), generator=gen).tolist()
     if not same_lengths:
-        lens_k[4] = 0  # queries without keys
+        if count > 4:
+            lens_k[4] = 0  # queries without keys
     used_q = [int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens_q] if used else None
     used_k = [int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens_k] if used else None
     return make_pack(lens_q, lens_k, heads, heads_k, head_dim, dtype, "cuda", seed=seed, used_q=used_q,
