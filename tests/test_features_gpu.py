@@ -35,9 +35,12 @@ def _entry_points():
 
 
 def test_what_the_kernels_lack_is_refused_before_launch():
-    for call, _ in _entry_points().values():
-        with pytest.raises(NotImplementedError, match="the sm90 kernels do not support softcap=30.0"):
-            call(softcap=30.0)
+    """A softcap with a learnable sink has no kernel (variants.SOFTCAP_WITH): every entry point says so."""
+    sink = torch.zeros(4, device="cuda")
+    for name, (call, _) in _entry_points().items():
+        with pytest.raises(NotImplementedError,
+                           match=r"the sm90 kernels do not support softcap=30.0 with a learnable_sink"):
+            call(softcap=30.0, learnable_sink=sink)
 
 
 @pytest.mark.parametrize("window,causal,plain_causal", [
