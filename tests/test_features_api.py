@@ -542,16 +542,26 @@ def test_cuda_tensors_run_learnable_sinks():
                     assert out.is_cuda and out.shape[-2:] == (4, 64), name
 
 
-@pytest.fixture
-def cuda_spies(monkeypatch):
+@pytest.fixture(params=["varlen_kernels", "per_sequence"])
+def cuda_spies(monkeypatch, request):
     """The CUDA paths of the ops down to their launches, with the launches recorded instead of run (fake CUDA tensors
     have no memory): the forward's ``fwd_out`` and the backward's ``bwd_into`` arguments, and the varlen path's
-    per-sequence dense calls."""
+    kernel launches (``varlen_fwd_out``/``varlen_bwd_out``, from the scale on) or, with the varlen kernels switched
+    off (the param), its per-sequence dense calls."""
     calls = []
+    monkeypatch.setattr(varlen_cuda, "FWD_KERNEL_VALIDATED", request.param == "varlen_kernels")
+    monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", request.param == "varlen_kernels")
     monkeypatch.setattr(ops, "check_cuda_inputs", lambda *args: calls.append("checked"))
     monkeypatch.setattr(ops._ext, "require_kernels", lambda: None)
     monkeypatch.setattr(torch.ops.flash_attn_dash, "fwd_out", lambda *args: calls.append(("fwd_out", args[5:])))
     monkeypatch.setattr(ops, "bwd_into", lambda *args, **kwargs: calls.append(("bwd_into", args[9:], kwargs)))
+    monkeypatch.setattr(varlen_cuda.checks, "check_sm_margin", lambda sm_margin, device: 132 - sm_margin)
+    monkeypatch.setattr(varlen_cuda, "status_word", lambda device: "status word")
+    monkeypatch.setattr(varlen_cuda, "raise_pending_error", lambda device: None)
+    monkeypatch.setattr(torch.ops.flash_attn_dash, "varlen_fwd_out",
+                        lambda *args: calls.append(("varlen_fwd_out", args[12:])))
+    monkeypatch.setattr(torch.ops.flash_attn_dash, "varlen_bwd_out",
+                        lambda *args: calls.append(("varlen_bwd_out", args[16:])))
     seqs = [PackedSequence(0, 64, 0, 64), PackedSequence(64, 64, 64, 64)]
     monkeypatch.setattr(varlen_cuda, "read_layout", lambda *args: seqs)
     monkeypatch.setattr(varlen_cuda.varlen_per_sequence, "forward",
@@ -592,11 +602,18 @@ def test_windows_that_are_a_mask_launch_exactly_the_plain_call(cuda_spies, causa
         ("bwd_into", (0.125, plain_causal, True, "auto", 0),
          {"window": kernel_window, "softcap": 0.0, "learnable_sink": None, "dsink": None}),
     ]
-    # The varlen path hands each sequence the call's own (causal, window_size), as flash_attn_func would get them for
-    # that sequence alone; on these 64-token sequences they pick the plain call's kernels.
     varlen = [c for c in cuda_spies if c != "checked" and c[0].startswith("varlen")]
-    assert [(c[1][1], c[2]["window_size"]) for c in varlen] == [(causal, window)] * 2
-    assert all(features.kernel_window(causal, window, 64, 64) == (plain_causal, kernel_window) for _ in varlen)
+    if varlen_cuda.FWD_KERNEL_VALIDATED:
+        # The varlen kernels take the mask at the maximum lengths: on these 64-token packs the plain call's.
+        plain_varlen = [c for c in plain if c != "checked" and c[0].startswith("varlen")]
+        assert varlen == plain_varlen
+        assert [c[0] for c in varlen] == ["varlen_fwd_out", "varlen_bwd_out"]
+        assert varlen[0][1] == (0.125, plain_causal, 0, *kernel_window, None, 0.0)
+    else:
+        # Each sequence's dense call gets the call's own (causal, window_size), as flash_attn_func would get them for
+        # that sequence alone; on these 64-token sequences they pick the plain call's kernels.
+        assert [(c[1][1], c[2]["window_size"]) for c in varlen] == [(causal, window)] * 2
+        assert all(features.kernel_window(causal, window, 64, 64) == (plain_causal, kernel_window) for _ in varlen)
 
 
 def test_cuda_op_paths_refuse_before_any_check_or_launch(cuda_spies):
@@ -634,7 +651,8 @@ def test_cuda_tensors_run_softcaps():
 ])
 def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_causal, kernel_window):
     """The CUDA paths hand the softcap to the forward's fwd_out and the backward's bwd_into (the C++ launchers pick
-    the softcap kernels from it) with the mask kernel_mask names, and the varlen path to each sequence's dense call."""
+    the softcap kernels from it) with the mask kernel_mask names, and the varlen path to its kernels (or to each
+    sequence's dense call)."""
     with FakeTensorMode():
         q = torch.empty(2, 64, 4, 64, dtype=torch.float16, device="cuda")
         lse = torch.empty(2, 4, 64, device="cuda")
@@ -652,8 +670,15 @@ def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_
                                                                "learnable_sink": None, "dsink": None}),
     ]
     varlen = [c for c in launches if c[0].startswith("varlen")]
-    assert [(c[0], c[2]["softcap"], c[2]["window_size"]) for c in varlen] == [
-        ("varlen_forward", 30.0, window), ("varlen_backward", 30.0, window)]
+    if varlen_cuda.FWD_KERNEL_VALIDATED:
+        (fwd, fwd_args), (bwd, bwd_args) = varlen
+        assert (fwd, fwd_args) == ("varlen_fwd_out", (0.125, kernel_causal, 0, *kernel_window, None, 30.0))
+        # scale, causal, deterministic, schedule id, grid, sm_margin, window, softcap, sink, dsink
+        assert bwd == "varlen_bwd_out"
+        assert bwd_args[:3] == (0.125, kernel_causal, True) and bwd_args[5:] == (0, *kernel_window, 30.0, None, None)
+    else:
+        assert [(c[0], c[2]["softcap"], c[2]["window_size"]) for c in varlen] == [
+            ("varlen_forward", 30.0, window), ("varlen_backward", 30.0, window)]
 
 
 def test_cuda_op_paths_refuse_softcap_with_a_sink_before_any_launch(cuda_spies):
