@@ -205,7 +205,7 @@ def sequence_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, h
                     deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW,
                     heads_k: int | None = None) -> BwdLaunch:
     """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``; ``causal``, ``window``:
-    the kernels' for that sequence) as a batch-1 dense call: what the interim CUDA path runs, and the order the varlen
-    kernels must give it."""
+    the kernels' for that sequence) as a batch-1 dense call: what the per-sequence CUDA path runs, and the order the
+    varlen kernels must give it."""
     return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic,
                       varlen_request(deterministic, schedule), window, heads_k)

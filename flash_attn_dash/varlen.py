@@ -1,8 +1,9 @@
 """Variable-length (packed) attention: flash_attn_varlen_func and varlen_schedule_used, FlashAttention-3's layout.
 
 Sequences are packed along the first dimension, (total_tokens, heads, head_dim), with int32 offsets ``cu_seqlens_*``.
-On CUDA tensors the backend is interim (:mod:`.varlen_cuda`): each sequence runs through the dense kernels, which
-needs the offsets on the host, one device-to-host copy per forward and per backward, until varlen kernels replace it.
+On CUDA tensors (:mod:`.varlen_cuda`) the varlen kernels run one launch per pack and pass and check the offsets on
+the device; the requests they do not run (deterministic ``shift``/``symmetric_shift``, deterministic GQA on narrow
+windows) go through the dense kernels one sequence at a time, which reads the offsets on the host.
 """
 from __future__ import annotations
 
@@ -119,9 +120,12 @@ def flash_attn_varlen_func(
     Every argument is checked before anything is launched, from dtypes, devices and shapes (including that q, k
     and v stay below 2**31 elements, the varlen kernels' 32-bit offsets). The values of ``cu_seqlens_*`` and
     ``seqused_*`` (starting at 0, non-decreasing, ending at the packed total, lengths within ``max_seqlen_*``, used
-    counts within the lengths) are checked where they are read: on CPU tensors at no cost, on CUDA tensors on the
-    host copy the interim CUDA path makes (one device-to-host copy, a stream sync, per forward and per backward,
-    so the call cannot be captured in a CUDA graph; the varlen kernels will remove that copy).
+    counts within the lengths) are checked where they are read: on CPU tensors at no cost; on CUDA tensors by the
+    varlen kernels' prepare CTA on the device (no sync: a bad pack's out and lse are filled with NaN, no tile runs,
+    and the next varlen call on the device raises a ValueError naming the argument), or, for the requests that run
+    one dense call per sequence (a deterministic ``shift``/``symmetric_shift`` backward, a deterministic GQA
+    backward on a window the dense backward folds), on the host copy they make (one device-to-host copy, a stream
+    sync, per pass, so those calls cannot be captured in a CUDA graph).
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = check_varlen_args(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k)

@@ -1,8 +1,8 @@
 """Where each packed sequence lies: its used query and key rows, read from ``cu_seqlens_*`` and ``seqused_*``.
 
 Reading them needs their values on the host. On CPU tensors that is free; on CUDA tensors :func:`read_layout` makes
-one device-to-host copy (a stream sync) per call, the limitation of the interim CUDA path (:mod:`.varlen_cuda`) that
-the varlen kernels, which read the offsets on the device, will remove.
+one device-to-host copy (a stream sync) per call: the cost of the per-sequence CUDA path (:mod:`.varlen_cuda`),
+which the varlen kernels, reading the offsets on the device, do not pay.
 """
 from __future__ import annotations
 

@@ -3,8 +3,8 @@
 Each sequence with work runs through the dense forward op ``flash_attn_dash::fwd`` (results copied into the packed
 outputs) and the dense backward (:func:`.ops.backward_into`, writing into the packed gradients' rows); every other row
 keeps out = 0, lse = -inf (lse = sink for the queries of a sequence without keys, with a sink) and zero gradients. On
-CPU tensors the dense ops run the reference, so this is the varlen reference; on CUDA tensors it is the interim path
-(:mod:`.varlen_cuda`).
+CPU tensors the dense ops run the reference, so this is the varlen reference; on CUDA tensors it runs the requests the
+varlen kernels do not (:mod:`.varlen_cuda`), and it is what the kernels' GPU tests hold them to.
 """
 from __future__ import annotations
 
