@@ -5,6 +5,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cmath>
 #include <initializer_list>
 #include <stdexcept>
@@ -306,14 +307,18 @@ void varlen_bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tenso
                     at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, at::Tensor& status, double softmax_scale,
                     bool causal, bool deterministic, int64_t schedule, int64_t grid, int64_t sm_margin,
                     int64_t window_left, int64_t window_right, double softcap, const c10::optional<at::Tensor>& sink,
-                    const c10::optional<at::Tensor>& dsink) {
+                    const c10::optional<at::Tensor>& dsink, bool gqa_fold, int64_t fold_min_len_q,
+                    int64_t fold_min_len_k) {
     c10::cuda::CUDAGuard guard(q.device());
     const at::Tensor q4 = packed_view(q, "q"), k4 = packed_view(k, "k"), v4 = packed_view(v, "v");
     at::Tensor dq4 = packed_view(dq, "dq"), dk4 = packed_view(dk, "dk"), dv4 = packed_view(dv, "dv");
     BwdParams p{};
     set_fwd_params(p, q4, k4, v4, softmax_scale, causal, sm_margin, window_left, window_right, softcap);
     set_bwd_args(p, packed_view(dout, "dout"), q4, k4, v4, packed_view(out, "out"), dq4, dk4, dv4, deterministic,
-                 schedule, grid, /*claim_group=*/1, /*gqa_fold=*/false, sink, dsink);
+                 schedule, grid, /*claim_group=*/1, gqa_fold, sink, dsink);
+    // Lengths are int32 on the device; a bound at or above every length folds no sequence.
+    p.fold_min_len_q = static_cast<int>(std::min<int64_t>(fold_min_len_q, INT32_MAX));
+    p.fold_min_len_k = static_cast<int>(std::min<int64_t>(fold_min_len_k, INT32_MAX));
     set_varlen_args(p, q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, lse, status);
     p.lse = lse.data_ptr<float>();
     poison_on_bad_offsets(p.varlen, {&dq, &dk, &dv}, dsink.has_value() ? &*dsink : nullptr);

@@ -175,24 +175,59 @@ VARLEN_AUTO = "descending"
 VARLEN_KERNEL_NONDETERMINISTIC_WALK = "descending"
 
 
+# Whether the varlen backward kernel folds GQA siblings (the folded varlen kernels, hopper/bwd/tiles.hpp): switched on
+# once tests/test_varlen_kernel_gpu.py holds them to the per-sequence path's bits on the GPU. Until then deterministic
+# packs the dense backward would fold run one dense backward per sequence, and non-deterministic ones unfolded.
+VARLEN_FOLD_VALIDATED = False
+
+
+@dataclass(frozen=True)
+class VarlenKernelLaunch:
+    """The varlen backward kernel's launch for a pack: the ``order`` every sequence walks, the ``grid`` and the GQA
+    fold: with ``gqa_fold`` a sequence folds when its used lengths exceed ``fold_min_len_q`` and ``fold_min_len_k``
+    (:func:`varlen_fold_lengths`), which is when its dense call folds."""
+
+    order: str
+    grid: int
+    gqa_fold: bool = False
+    fold_min_len_q: int = 0
+    fold_min_len_k: int = 0
+
+
+def varlen_fold_lengths(causal: bool, window: tuple[int, int]) -> tuple[int, int]:
+    """``(min_q, min_k)``: a sequence with used lengths ``len_q > min_q`` and ``len_k > min_k`` keeps both sides of
+    ``window`` (the pack's kernel window, both sides bounded) at its own lengths, so its dense call runs that band
+    and folds where the pack's would (FlashAttention-3's rule, :func:`.schedule.tiles.canonical_window`: a side
+    that clips nothing is unbounded, ``left >= len_k - 1`` or ``right >= len_q - 1``; ``causal`` keeps ``right =
+    0``); other sequences run a mask with an unbounded side, which does not fold."""
+    left, right = window
+    return (0 if causal else right + 1), left + 1
+
+
 def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, total_k: int, batch: int, heads: int,
-                         num_sms: int, heads_k: int | None = None,
-                         window: tuple[int, int] = NO_WINDOW) -> tuple[str, int] | None:
-    """The (order, grid) of the varlen backward kernel for this pack, from shapes alone (no offsets are read): the
-    order :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
+                         num_sms: int, heads_k: int | None = None, window: tuple[int, int] = NO_WINDOW,
+                         causal: bool = False) -> VarlenKernelLaunch | None:
+    """The varlen backward kernel's launch for this pack, from shapes alone (no offsets are read): the order
+    :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
     backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound.
-    ``window``: the kernels' for the pack (:func:`.features.kernel_mask` at the maximum lengths). Deterministic GQA
-    packs on a window the dense backward folds (:func:`gqa_fold`) also answer None: the varlen kernel does not fold,
-    and a folded dense backward sums the siblings' dK/dV in other bits. A sequence's own window only unbounds sides,
-    so where the pack's does not fold, no sequence's does."""
+    ``window``: the kernels' for the pack (:func:`.features.kernel_mask` at the maximum lengths), ``causal``: the
+    call's. GQA packs on a window the dense backward folds (:func:`gqa_fold`) fold the sequences whose dense calls
+    fold (:func:`varlen_fold_lengths`; a sequence's own window only unbounds sides, so where the pack's does not
+    fold, no sequence's does) where :data:`VARLEN_FOLD_VALIDATED`; without it such a deterministic pack answers None
+    (a folded dense backward sums the siblings' dK/dV in other bits than an unfolded one)."""
     order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
     if order not in PORTABLE_SCHEDULES:
         return None
     block_m, block_n = variants.bwd_tile(head_dim)
-    if deterministic and window not in (NO_WINDOW, CAUSAL_WINDOW) and gqa_fold(
-            heads, heads if heads_k is None else heads_k, band_steps(tuple(window), block_m, block_n)):
-        return None
-    return order, max(1, min(num_sms, heads * (total_k // block_n + batch)))
+    window = tuple(window)
+    fold = window not in (NO_WINDOW, CAUSAL_WINDOW) and gqa_fold(
+        heads, heads if heads_k is None else heads_k, band_steps(window, block_m, block_n))
+    grid = max(1, min(num_sms, heads * (total_k // block_n + batch)))
+    if not fold:
+        return VarlenKernelLaunch(order, grid)
+    if not VARLEN_FOLD_VALIDATED:
+        return None if deterministic else VarlenKernelLaunch(order, grid)
+    return VarlenKernelLaunch(order, grid, True, *varlen_fold_lengths(causal, window))
 
 
 def varlen_request(deterministic: bool, schedule: str) -> str:

@@ -39,7 +39,7 @@ torch.library.define(
     "Tensor? seqused_q, Tensor? seqused_k, int max_seqlen_q, int max_seqlen_k, Tensor(a!) dq, Tensor(b!) dk, "
     "Tensor(c!) dv, Tensor(d!) status, float softmax_scale, bool causal, bool deterministic, int schedule, int grid, "
     "int sm_margin, int window_left=-1, int window_right=-1, float softcap=0.0, Tensor? sink=None, "
-    "Tensor(e!)? dsink=None) -> ()",
+    "Tensor(e!)? dsink=None, bool gqa_fold=False, int fold_min_len_q=0, int fold_min_len_k=0) -> ()",
 )
 torch.library.define(
     "flash_attn_dash::bwd_out",

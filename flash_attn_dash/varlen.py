@@ -184,14 +184,14 @@ def varlen_schedule_used(
     # The varlen backward kernel, where it runs, walks one portable order for the whole pack.
     kernel = varlen_cuda.BWD_KERNEL_VALIDATED and varlen_kernel_launch(
         deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms, shape.heads_k,
-        kernel_window)
+        kernel_window, causal)
     used: list[str | None] = []
     for s in seqs:
         if not s.has_work:
             used.append(None)
             continue
         if kernel:
-            used.append(kernel[0])
+            used.append(kernel.order)
             continue
         seq_causal, seq_window = features.kernel_window(causal, window, s.q_len, s.k_len)
         used.append(sequence_launch(seq_causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms,

@@ -6,8 +6,9 @@ The varlen ops (:mod:`.varlen_ops`) call nothing else on CUDA tensors. Two paths
   offsets read and checked on the device, no host sync, so CUDA-graph capturable), where
   :data:`FWD_KERNEL_VALIDATED` / :data:`BWD_KERNEL_VALIDATED` say they passed their GPU tests; the backward kernel
   runs the portable orders (:func:`.launch.varlen_kernel_launch`);
-* otherwise (and for a deterministic backward asking for ``shift`` or ``symmetric_shift``), one dense kernel call per
-  sequence (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one
+* otherwise (and for a deterministic backward asking for ``shift`` or ``symmetric_shift``, or a deterministic GQA
+  backward on a window the dense backward folds until the folded varlen kernels are validated,
+  :data:`.launch.VARLEN_FOLD_VALIDATED`), one dense kernel call per sequence (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one
   device-to-host copy (a stream sync) per pass (:func:`.varlen_layout.read_layout`), and many short sequences are
   launch-bound.
 Both give a sequence the bits of its dense call: the kernel runs its tiles, masks and orders relative to the
@@ -156,19 +157,19 @@ def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
     launched) when the request's order is not one the kernel runs (:func:`.launch.varlen_kernel_launch`)."""
     kernel_causal, window = features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k,
                                                  has_sink=learnable_sink is not None)
-    decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0],
-                                          cu_seqlens_q.numel() - 1, q.shape[1], checks.check_sm_margin(sm_margin, q.device),
-                                          k.shape[1], window)
+    decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0], cu_seqlens_q.numel() - 1,
+                                          q.shape[1], checks.check_sm_margin(sm_margin, q.device), k.shape[1], window,
+                                          causal)
     if decided is None:
         return False
     raise_pending_error(q.device)
     if q.shape[0] == 0 or k.shape[0] == 0:
         return True  # no tile: the gradients stay 0
-    order, grid = decided
     wants_dsink = learnable_sink is not None and dsink is not None
     sink = learnable_sink.to(torch.float32).contiguous() if wants_dsink else None
     torch.ops.flash_attn_dash.varlen_bwd_out(
         dout, q, k, v, out, lse.contiguous(), cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
         max_seqlen_k, dq, dk, dv, status_word(q.device), softmax_scale, kernel_causal, deterministic,
-        variants.schedule(order).id, grid, sm_margin, *window, softcap, sink, dsink if wants_dsink else None)
+        variants.schedule(decided.order).id, decided.grid, sm_margin, *window, softcap, sink,
+        dsink if wants_dsink else None, decided.gqa_fold, decided.fold_min_len_q, decided.fold_min_len_k)
     return True

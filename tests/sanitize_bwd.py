@@ -47,27 +47,32 @@ def main():
 
 def varlen() -> None:
     """Small GQA packs through the varlen backward kernel (prepare CTA, table claims, per-sequence workspace tiles,
-    pre/postprocess over them), every order it runs, with and without a sink."""
+    pre/postprocess over them), every order it runs, with and without a sink, and the GQA-folded kernels on a
+    window (launch.VARLEN_FOLD_VALIDATED forced: its sequences fold or not by their lengths)."""
     from varlen_packs import sanitize_pack
 
-    from flash_attn_dash import varlen_cuda
+    from flash_attn_dash import launch, varlen_cuda
 
     for d in gpu_head_dims():
         q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
         do = torch.randn_like(q)
-        for causal, window, sink in ((False, (-1, -1), None), (True, (-1, -1), None), (True, (128, 0), None),
-                                     (True, (-1, -1), torch.randn(2, device="cuda"))):
+        sink2 = torch.randn(2, device="cuda")
+        for causal, window, sink, fold in ((False, (-1, -1), None, False), (True, (-1, -1), None, False),
+                                           (True, (128, 0), None, False), (True, (-1, -1), sink2, False),
+                                           (True, (128, 0), None, True), (False, (64, 32), sink2, True)):
+            launch.VARLEN_FOLD_VALIDATED = fold
             out, lse = varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, 0,
                                                   window, 0.0, sink)
             for det, sched in ((False, "auto"), (True, "ascending"), (True, "descending")):
                 grads = [torch.zeros_like(t) for t in (q, k, v)]
                 dsink = None if sink is None else torch.zeros(2, device="cuda")
-                varlen_cuda.kernel_backward_into(do, q, k, v, out, lse, *grads, cu_q, cu_k, max_q, max_k, None, None,
-                                                 d ** -0.5, causal, det, sched, 0, window, 0.0, sink, dsink)
+                ran = varlen_cuda.kernel_backward_into(do, q, k, v, out, lse, *grads, cu_q, cu_k, max_q, max_k, None,
+                                                       None, d ** -0.5, causal, det, sched, 0, window, 0.0, sink, dsink)
                 torch.cuda.synchronize()
                 varlen_cuda.raise_pending_error(q.device)
                 print(f"ok varlen d={d} causal={causal} window={window} sink={sink is not None} det={det} "
-                      f"schedule={sched}")
+                      f"schedule={sched} fold={fold} ran={ran}")
+        launch.VARLEN_FOLD_VALIDATED = False
 
 
 if __name__ == "__main__":

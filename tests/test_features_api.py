@@ -673,9 +673,10 @@ def test_softcap_reaches_the_kernel_launches(cuda_spies, causal, window, kernel_
     if varlen_cuda.FWD_KERNEL_VALIDATED:
         (fwd, fwd_args), (bwd, bwd_args) = varlen
         assert (fwd, fwd_args) == ("varlen_fwd_out", (0.125, kernel_causal, 0, *kernel_window, None, 30.0))
-        # scale, causal, deterministic, schedule id, grid, sm_margin, window, softcap, sink, dsink
+        # scale, causal, deterministic, schedule id, grid, sm_margin, window, softcap, sink, dsink, GQA fold (3)
         assert bwd == "varlen_bwd_out"
-        assert bwd_args[:3] == (0.125, kernel_causal, True) and bwd_args[5:] == (0, *kernel_window, 30.0, None, None)
+        assert bwd_args[:3] == (0.125, kernel_causal, True) and bwd_args[5:] == (0, *kernel_window, 30.0, None, None,
+                                                                                 False, 0, 0)
     else:
         assert [(c[0], c[2]["softcap"], c[2]["window_size"]) for c in varlen] == [
             ("varlen_forward", 30.0, window), ("varlen_backward", 30.0, window)]

@@ -62,6 +62,22 @@ static void tile_steps(SchedShape const& s, int group, int cta, int t) {
         cursor.advance(steps);
     }
     if (!same) { std::fprintf(stderr, "cursor differs from for_each_step\n"); std::exit(3); }
+    if constexpr (!kFold) {  // an unfolded tile of a folded (varlen) kernel walks as the unfolded kernel's
+        SiblingWalk<true> const unfolded{group, false};
+        std::vector<int> again;
+        unfolded.for_each_step(c, steps, [](int h) { return h; }, [&](int h, int step) {
+            if (h != c.h) { std::fprintf(stderr, "unfolded tile walks head %d\n", h); std::exit(4); }
+            again.push_back(step);
+        });
+        typename SiblingWalk<true>::Cursor cur{};
+        bool alike = again == walked && unfolded.num_steps(steps) == count &&
+                     unfolded.kv_head(c) == siblings.kv_head(c) && unfolded.query_heads(s) == siblings.query_heads(s);
+        for (int k = 0; alike && k < count; ++k) {
+            alike = cur.step(k) == walked[k];
+            cur.advance(steps);
+        }
+        if (!alike) { std::fprintf(stderr, "an unfolded tile of a folded kernel walks otherwise\n"); std::exit(4); }
+    }
 }
 
 template <class Policy, bool kFold>

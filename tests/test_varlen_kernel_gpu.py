@@ -14,7 +14,7 @@ import torch
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
-from flash_attn_dash import flash_attn_varlen_func, varlen_cuda
+from flash_attn_dash import flash_attn_varlen_func, launch, varlen_cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -271,6 +271,36 @@ def test_gqa_on_a_folded_window_runs_each_sequence_densely_when_deterministic(mo
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, kernel_runs=False, **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
         assert torch.equal(g, w), f"{name} differs"
+    _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, kernel_runs=True, **features)
+    for name, d, n in zip(("dq", "dk", "dv"), want[:3], nondet[:3]):
+        torch.testing.assert_close(n.float(), d.float(), rtol=2e-2, atol=2e-2, msg=name)
+
+
+@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
+@pytest.mark.parametrize("features", [dict(causal=True, window_size=(128, 0)), dict(causal=False, window_size=(64, 32)),
+                                      dict(causal=False, window_size=(100, 0)),
+                                      dict(causal=True, window_size=(128, 0), sink=True)],
+                         ids=["causal-band", "two-sided", "right-0", "band-sink"])
+def test_folded_varlen_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, used, features):
+    """The folded varlen kernels (launch.VARLEN_FOLD_VALIDATED): a GQA pack on a window the dense backward folds runs
+    in one launch, and each sequence gets its dense call's bits, whether it folds (long enough to keep both sides of
+    the window) or not (short: one side clips nothing, so its dense call runs another mask, unfolded); the
+    non-deterministic kernel within the tolerance of them."""
+    monkeypatch.setattr(launch, "VARLEN_FOLD_VALIDATED", True)
+    lens_q = [0, 1, 2, 50, 129, 130, 131, 400, 900, 77, 34, 33]
+    lens_k = [5, 1, 130, 50, 129, 131, 300, 400, 900, 0, 66, 66]
+    gen = torch.Generator().manual_seed(head_dim)
+    used_q = [int(torch.randint(n // 2, n + 1, (1,), generator=gen)) for n in lens_q] if used else None
+    used_k = [int(torch.randint(n // 2, n + 1, (1,), generator=gen)) for n in lens_k] if used else None
+    pack = make_pack(lens_q, lens_k, 8, 2, head_dim, torch.bfloat16, "cuda", seed=head_dim, used_q=used_q,
+                     used_k=used_k)
+    features = _features(features, 8)
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, kernel_runs=True, **features)
+    for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
+        assert torch.equal(g, w), f"{name} differs"
+    if want[3] is not None:
+        torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=1e-4)
     _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, kernel_runs=True, **features)
     for name, d, n in zip(("dq", "dk", "dv"), want[:3], nondet[:3]):
         torch.testing.assert_close(n.float(), d.float(), rtol=2e-2, atol=2e-2, msg=name)

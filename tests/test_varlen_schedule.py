@@ -156,12 +156,12 @@ def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, or
     per-sequence path, which runs it as asked)."""
     from flash_attn_dash.launch import VARLEN_KERNEL_NONDETERMINISTIC_WALK, varlen_kernel_launch
     decided = varlen_kernel_launch(deterministic, schedule, 128, 10_000, 7, 16, 132)
-    assert (decided and decided[0]) == order
+    assert (decided and decided.order) == order
     assert VARLEN_KERNEL_NONDETERMINISTIC_WALK in PORTABLE_SCHEDULES
     if decided is not None:
         tiles_bound = 16 * (10_000 // variants.head_dim(128).bwd.block_n + 7)
-        assert decided[1] == min(132, tiles_bound)
-    assert varlen_kernel_launch(True, "auto", 64, 100, 1, 2, 132)[1] == 2 * (100 // 128 + 1)
+        assert decided.grid == min(132, tiles_bound) and not decided.gqa_fold
+    assert varlen_kernel_launch(True, "auto", 64, 100, 1, 2, 132).grid == 2 * (100 // 128 + 1)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -177,6 +177,54 @@ def test_varlen_kernel_leaves_folded_windows_to_the_dense_backwards(deterministi
     assert folds == (heads_k == 4 and window in ((128, 0), (64, 32)))
     decided = varlen_kernel_launch(deterministic, "auto", 128, 10_000, 7, 16, 132, heads_k, window)
     assert (decided is None) == (deterministic and folds)
+    assert decided is None or not decided.gqa_fold
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("heads_k", [16, 4])
+@pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, 0)), (True, (128, 0)), (False, (64, 32)),
+                                           (False, (128, 0)), (True, (4000, 0))])
+def test_validated_varlen_fold_folds_where_the_dense_backward_folds(monkeypatch, deterministic, heads_k, causal,
+                                                                    window):
+    """With the folded varlen kernels switched on, a pack folds exactly where launch.gqa_fold folds its window, in
+    both modes, and hands the kernel the lengths of varlen_fold_lengths."""
+    from flash_attn_dash import launch
+    from flash_attn_dash.schedule.tiles import band_steps
+    monkeypatch.setattr(launch, "VARLEN_FOLD_VALIDATED", True)
+    block_m, block_n = variants.bwd_tile(128)
+    folds = window not in ((-1, -1), (-1, 0)) and launch.gqa_fold(16, heads_k, band_steps(window, block_m, block_n))
+    decided = launch.varlen_kernel_launch(deterministic, "auto", 128, 10_000, 7, 16, 132, heads_k, window, causal)
+    assert decided.gqa_fold == folds
+    if folds:
+        assert (decided.fold_min_len_q, decided.fold_min_len_k) == launch.varlen_fold_lengths(causal, window)
+
+
+def test_a_sequence_folds_exactly_when_its_dense_call_folds():
+    """The prepare CTA folds a sequence when its used lengths exceed varlen_fold_lengths (hopper/common/varlen.hpp
+    varlen_folds): that must be the dense backward's own decision for the sequence alone, its window taken at its
+    lengths (features.kernel_window) - so the sequence gets its dense bits, whatever the pack."""
+    import random
+    from flash_attn_dash import features, launch
+    rng = random.Random(0)
+    seen = {True: 0, False: 0}
+    for _ in range(3000):
+        causal = rng.random() < 0.5
+        left = rng.choice([0, 1, 5, 63, 64, 127, 128, 300])
+        right = 0 if causal else rng.choice([0, 1, 7, 64, 100])
+        heads_k = rng.choice([2, 8])
+        max_q, max_k = rng.choice([(2048, 2048), (4096, 4096), (1500, 3000)])
+        pack_causal, pack_window = features.kernel_window(causal, (left, right), max_q, max_k)
+        pack = launch.bwd_launch(pack_causal, 128, max_q, max_k, 1, 16, 132, True, "auto", pack_window, heads_k)
+        if not pack.gqa_fold:
+            continue
+        min_q, min_k = launch.varlen_fold_lengths(causal, pack_window)
+        len_q = rng.choice([1, 2, 3, right + 1, right + 2, rng.randint(1, max_q)])
+        len_k = max(1, rng.choice([1, 2, left, left + 1, left + 2, rng.randint(1, max_k)]))
+        seq_causal, seq_window = features.kernel_window(causal, (left, right), len_q, len_k)
+        alone = launch.bwd_launch(seq_causal, 128, len_q, len_k, 1, 16, 132, True, "auto", seq_window, heads_k)
+        assert alone.gqa_fold == (len_q > min_q and len_k > min_k), (causal, left, right, len_q, len_k)
+        seen[alone.gqa_fold] += 1
+    assert min(seen.values()) > 100, seen
 
 
 def test_varlen_kernel_orders_match_the_launcher():

@@ -23,10 +23,11 @@ HEADER = Path(__file__).resolve().parents[1] / "hopper" / "common" / "varlen.hpp
 INT_MAX = 2**31 - 1
 HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS = 0, 1, 2  # VarlenTileOrder
 
-# Reads cases of: batch chunk rows heads heads_k key_blocks order grid grouped total_q total_k max_q max_k has_used_q
-# has_used_k,
+# Reads cases of: batch chunk rows heads heads_k key_blocks order grid grouped fold_q fold_k total_q total_k max_q max_k
+# has_used_q has_used_k,
 # then cu_q (batch+1), cu_k (batch+1), [used_q (batch)], [used_k (batch)]. Prints "E key" for a bad pack, else the
-# views "V q_start k_start len_q len_k m_start n_start" (64-row query and 128-row key blocks) and the table "T seq block_head" lines, then "END".
+# views "V q_start k_start len_q len_k m_start n_start folded" (64-row query and 128-row key blocks) and the table
+# "T seq block_head" lines, then "END".
 MIRROR_CPP = r"""
 #include <climits>
 #include <cstdio>
@@ -36,11 +37,11 @@ MIRROR_CPP = r"""
 using namespace flash_dash;
 
 int main() {
-    int batch, chunk, rows, heads, heads_k, key_blocks, order, grid, grouped, total_q, total_k, max_q, max_k, has_uq,
-        has_uk;
-    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k,
-                      &key_blocks, &order, &grid, &grouped, &total_q, &total_k, &max_q, &max_k, &has_uq,
-                      &has_uk) == 15) {
+    int batch, chunk, rows, heads, heads_k, key_blocks, order, grid, grouped, fold_q, fold_k, total_q, total_k, max_q,
+        max_k, has_uq, has_uk;
+    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k,
+                      &key_blocks, &order, &grid, &grouped, &fold_q, &fold_k, &total_q, &total_k, &max_q, &max_k,
+                      &has_uq, &has_uk) == 17) {
         std::vector<int> cu_q(batch + 1), cu_k(batch + 1), uq(batch), uk(batch);
         for (int& x : cu_q) std::scanf("%d", &x);
         for (int& x : cu_k) std::scanf("%d", &x);
@@ -60,23 +61,27 @@ int main() {
             if (key < first) first = key;
         }
         if (first != INT_MAX) { std::printf("E %d\nEND\n", first); continue; }
-        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128, grid, grouped != 0};
+        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128, grid, grouped != 0, fold_q, fold_k};
         int m_start = 0, n_start = 0;
         for (int i = 0; i < batch; ++i) {
-            VarlenSeq const s = varlen_seq(a, i);
-            std::printf("V %d %d %d %d %d %d\n", s.q_start, s.k_start, s.len_q, s.len_k, m_start, n_start);
+            VarlenSeq const s = varlen_seq(a, i, t);
+            std::printf("V %d %d %d %d %d %d %d\n", s.q_start, s.k_start, s.len_q, s.len_k, m_start, n_start, s.folded);
             m_start += varlen_m_blocks(s, t);
             n_start += varlen_n_blocks(s, t);
         }
         int base = 0, total = 0;
-        for (int i = 0; i < batch; ++i) { total += varlen_blocks(varlen_seq(a, i), t) * heads; }
+        for (int i = 0; i < batch; ++i) {
+            VarlenSeq const s = varlen_seq(a, i, t);
+            total += varlen_blocks(s, t) * varlen_tile_heads(s, t);
+        }
         std::vector<int> prefix(chunk + 1), blocks_of(chunk), cost_of(chunk), seq_at(chunk), blocks(chunk),
-            group_of(chunk), m_blocks(chunk);
+            group_of(chunk), m_blocks(chunk), heads_of(chunk), tile_heads(chunk);
         for (int c0 = 0; c0 < batch; c0 += chunk) {
             for (int r = 0; r < chunk; ++r) {  // the CTA's threads, in reverse (no order may matter)
                 int const i = c0 + chunk - 1 - r, rr = chunk - 1 - r;
-                VarlenSeq const s = i < batch ? varlen_seq(a, i) : VarlenSeq{};
+                VarlenSeq const s = i < batch ? varlen_seq(a, i, t) : VarlenSeq{};
                 blocks[rr] = i < batch ? varlen_blocks(s, t) : 0;
+                tile_heads[rr] = varlen_tile_heads(s, t);
                 cost_of[rr] = i < batch && blocks[rr] > 0 ? varlen_tile_cost(s, t) : -1;
                 m_blocks[rr] = i < batch ? varlen_m_blocks(s, t) : 0;
             }
@@ -84,18 +89,20 @@ int main() {
                 int const p = varlen_rank(cost_of.data(), chunk, r, cost_of[r]);
                 seq_at[p] = r;
                 blocks_of[p] = blocks[r];
-                group_of[p] = varlen_group(t, m_blocks[r], total);
+                heads_of[p] = tile_heads[r];
+                group_of[p] = varlen_group(t, m_blocks[r], heads_of[p], total);
             }
             int run = 0;
             for (int p = 0; p < chunk; ++p) {
                 prefix[p] = run;
-                run += blocks_of[p] * heads;
+                run += blocks_of[p] * heads_of[p];
             }
             prefix[chunk] = run;
             for (int j = 0; j < run; ++j) {
                 int const p = varlen_find(prefix.data(), chunk, j);
-                std::printf("T %d %d\n", c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], heads,
-                                                                                 heads_k, order, group_of[p]));
+                std::printf("T %d %d\n", c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p],
+                                                                                 heads_of[p], heads_k, order,
+                                                                                 group_of[p]));
             }
             base += run;
         }
@@ -116,7 +123,7 @@ def _run(exe, cases: list[dict]) -> list[list[str]]:
     for c in cases:
         b = len(c["cu_q"]) - 1
         head = [b, c["chunk"], c["rows"], c["heads"], c["heads_k"], int(c["key_blocks"]), c["order"],
-                c.get("grid", 132), int(c.get("grouped", True)), c["total_q"],
+                c.get("grid", 132), int(c.get("grouped", True)), *c.get("fold", (INT_MAX, INT_MAX)), c["total_q"],
                 c["total_k"], c["max_q"], c["max_k"], int(c["used_q"] is not None), int(c["used_k"] is not None)]
         body = c["cu_q"] + c["cu_k"] + (c["used_q"] or []) + (c["used_k"] or [])
         lines.append(" ".join(map(str, head + body)))
@@ -164,10 +171,13 @@ def _model(c: dict) -> list[str]:
     if errors:
         return [f"E {min(errors)}"]
     views, table, m_start, n_start, lens = [], [], 0, 0, []
+    fold_q, fold_k = c.get("fold", (INT_MAX, INT_MAX))
+    folded = []  # GQA-folded backward: a sequence whose used lengths exceed both bounds has K/V-head tiles
     for i in range(b):
         lq = uq[i] if uq is not None else cu_q[i + 1] - cu_q[i]
         lk = uk[i] if uk is not None else cu_k[i + 1] - cu_k[i]
-        views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk} {m_start} {n_start}")
+        folded.append(lq > fold_q and lk > fold_k)
+        views.append(f"V {cu_q[i]} {cu_k[i]} {lq} {lk} {m_start} {n_start} {int(folded[-1])}")
         m_start, n_start = m_start + -(-lq // 64), n_start + -(-lk // 128)  # the mirror's q_rows / k_rows
         lens.append((lq, lk))
     # chunks of `chunk` sequences in pack order, each longest first by one tile's work (keys forward, queries
@@ -180,22 +190,26 @@ def _model(c: dict) -> list[str]:
     order = []
     for c0 in range(0, b, c["chunk"]):
         order += sorted(range(c0, min(b, c0 + c["chunk"])), key=lambda i: (-cost(i), i))
+    def tile_heads(i):
+        return c["heads_k"] if folded[i] else c["heads"]
+
     for i in order:
         lq, lk = lens[i]
         length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
         blocks = -(-length // c["rows"])
-        heads, group = c["heads"], c["heads"] // c["heads_k"]
+        heads = tile_heads(i)
+        heads_k = c["heads_k"] if not folded[i] else heads  # a folded sequence's tiles have one head per K/V head
         if c["order"] == HEADS_OUTER:
             table += [f"T {i} {blk * heads + h}" for h in range(heads) for blk in range(blocks)]
         elif c["order"] == LONGEST_FIRST:
             table += [f"T {i} {blk * heads + h}" for blk in range(blocks - 1, -1, -1) for h in range(heads)]
         else:  # key claims: the dense backward's (schedule.orders), claim groups of head slots
-            total = sum(heads * -(-((ln[1] if ln[0] > 0 else 0) if c["key_blocks"] else ln[0]) // c["rows"])
-                        for ln in lens)
+            total = sum(tile_heads(j) * -(-((ln[1] if ln[0] > 0 else 0) if c["key_blocks"] else ln[0]) // c["rows"])
+                        for j, ln in enumerate(lens))
             ctas = min(c.get("grid", 132), total)
             hg = claim_group(-(-lq // 64), heads, ctas) if c.get("grouped", True) else 1
             slot, n = claimed_tiles(np.arange(heads * blocks), blocks, hg, heads)
-            head = slot_heads(slot, heads, c["heads_k"])
+            head = slot_heads(slot, heads, heads_k)
             table += [f"T {i} {nn * heads + hh}" for hh, nn in zip(head.tolist(), n.tolist())]
     return views + table
 
@@ -222,6 +236,8 @@ def test_table_and_views_match_the_model(mirror):
                  heads=heads_k * rng.choice([1, 3, 4, 16]), heads_k=heads_k, key_blocks=rng.random() < 0.5,
                  order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]), grid=rng.choice([4, 33, 132]),
                  grouped=rng.random() < 0.7)
+        if c["key_blocks"] and c["order"] == KEY_CLAIMS and rng.random() < 0.5:
+            c["fold"] = (rng.choice([0, 1, 3]), rng.choice([2, 65, 129]))
         cases.append(c)
     for c, got in zip(cases, _run(mirror, cases)):
         assert got == _model(c), c
@@ -293,6 +309,34 @@ def test_key_claims_put_every_predecessor_first(mirror):
         if h % 4 > 0:  # 4 siblings per K/V head
             assert position[(seq, n * 8 + h - 1)] < p
 
+
+def test_folded_sequences_have_one_tile_per_kv_head(mirror):
+    """GQA-folded backward packs: a sequence whose used lengths exceed the fold bounds gets one tile per (key block,
+    K/V head), the others one per (key block, query head), each once, and within a sequence the rank predecessor
+    (n - 1, same head) and (unfolded) the sibling predecessor come earlier in the table."""
+    rng = random.Random(3)
+    c = _pack(rng, 12, 1500, False)
+    c.update(chunk=5, rows=128, heads=8, heads_k=2, key_blocks=True, order=KEY_CLAIMS, grid=20, fold=(1, 129))
+    (got,) = _run(mirror, [c])
+    views = [line.split() for line in got if line.startswith("V")]
+    folded = [v[-1] == "1" for v in views]
+    lens = [(int(v[3]), int(v[4])) for v in views]
+    assert folded == [lq > 1 and lk > 129 for lq, lk in lens] and any(folded) and not all(folded)
+    tiles = [tuple(map(int, line.split()[1:])) for line in got if line.startswith("T")]
+    position = {t: p for p, t in enumerate(tiles)}
+    assert len(position) == len(tiles)
+    expected = set()
+    for i, (lq, lk) in enumerate(lens):
+        heads = 2 if folded[i] else 8
+        expected |= {(i, n * heads + h) for n in range(-(-lk // 128) if lq > 0 else 0) for h in range(heads)}
+    assert set(tiles) == expected
+    for (seq, block_head), p in position.items():
+        heads = 2 if folded[seq] else 8
+        n, h = divmod(block_head, heads)
+        if n > 0:
+            assert position[(seq, (n - 1) * heads + h)] < p
+        if not folded[seq] and h % 4 > 0:
+            assert position[(seq, n * heads + h - 1)] < p
 
 
 def test_the_kernels_path_reads_no_offsets_on_the_host(monkeypatch):

@@ -19,7 +19,7 @@ namespace bwd {
 
 template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
 struct BwdDqStore {
-    using Tiles = BwdTiles<Varlen>;
+    using Tiles = BwdTiles<Varlen, GqaFold>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using Handoff = typename Traits::DqHandoffT;
@@ -30,7 +30,7 @@ struct BwdDqStore {
         constexpr int kHeadDim = Traits::kHeadDim;
         constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
         SchedShape const& sched = params.sched;
-        SiblingWalk<GqaFold> const siblings{params.group};
+        auto const siblings = Tiles::grid_siblings(params.group);
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
@@ -44,7 +44,7 @@ struct BwdDqStore {
                 return cute::make_tuple(h, int64_t(c.b) * siblings.query_heads(sched) + h);
             };
             // Not unrolled (for_each_step): see the producer loop (load.hpp).
-            siblings.for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+            Tiles::tile_siblings(params.group, seq).for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [h, bh] = hb;
                 int const m = Policy::m_block(shape, c, st, step);
                 // The dQ tile's accumulator and counter: (b, h, m)'s, or tile m of the sequence's tiles of head h.

@@ -9,13 +9,13 @@
 #include "bwd/barriers.hpp"
 #include "bwd/semaphore.hpp"
 #include "schedule/policies.hpp"
-#include "schedule/sibling_walk.hpp"
+#include "bwd/tiles.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
 // Varlen: `sched` is the tile's sequence's grid and `seq` its view; its rows start at seq.k_start and its GQA
-// accumulators and counters at its key tile seq.n_start of each K/V head's.
+// accumulators and counters at its key tile seq.n_start of each K/V head's (unfolded sequences only).
 template <class Traits, bool Deterministic, bool GqaFold, bool Varlen>
 struct BwdEpilogue {
     template <class Params, class TiledMma, class Acc>
@@ -31,9 +31,11 @@ struct BwdEpilogue {
         float const scale = params.softmax_scale;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
-        int const hk = SiblingWalk<GqaFold>{params.group}.kv_head(c);
+        auto const walk = BwdTiles<Varlen, GqaFold>::tile_siblings(params.group, seq);
+        int const hk = walk.kv_head(c);
         int const n_base = c.n * kBlockN;
-        if (GqaFold || params.dk_accum == nullptr) {
+        // Folded tiles (every sibling's dK/dV in these registers) and MHA store; unfolded GQA tiles add in head order.
+        if (walk.folded() || params.dk_accum == nullptr) {
             // Pairs (2i, 2i+1) of the accumulator are adjacent columns of one row.
             Element* dk = params.dk + (Varlen ? seq.k_start * params.dk_row : c.b * params.dk_batch) + hk * params.dk_head;
             Element* dv = params.dv + (Varlen ? seq.k_start * params.dv_row : c.b * params.dv_batch) + hk * params.dv_head;

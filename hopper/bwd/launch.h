@@ -28,7 +28,8 @@ inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 //   lse_log2  fp32 (query tiles, kBlockM)
 //   dq_sem    int32 (M, B, H), a pack (H, m_cap)
 //   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
-//   GQA only, unless folded (a folded tile stores its dK/dV itself): dk_accum, dv_accum fp32 (key tiles, kBlockN, d)
+//   GQA only, unless a dense call folds (a folded tile stores its dK/dV itself; a pack's unfolded sequences use them):
+//   dk_accum, dv_accum fp32 (key tiles, kBlockN, d)
 //   row-major; dkv_sem int32 (N, B, Hk), a pack (Hk, n_cap)
 //   a pack only: the prepare CTA's views and table (common/varlen.hpp)
 struct WorkspaceLayout {
@@ -55,7 +56,7 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     w.lse_log2 = off; off = align_up(off + size_t(q_tiles * Traits::kBlockM) * 4);
     w.dq_sem = off;   off = align_up(off + size_t(q_tiles) * 4);
     w.tile_counter = off; off = align_up(off + 4);
-    w.gqa = p.num_heads_k != p.num_heads && !p.gqa_fold;
+    w.gqa = p.num_heads_k != p.num_heads && !(p.gqa_fold && !varlen);
     if (w.gqa) {
         w.dk_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
         w.dv_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
@@ -97,13 +98,20 @@ bool with_varlen_policy(Schedule s, F&& f) {
 
 // Launches the main kernel of the call's mask, mode, policy and fold; launch_error has checked that it is
 // instantiated (generated/schedules.h says which policies are; sliding windows and softcaps instantiate their mask's
-// policies; the GQA-folded kernels exist for sliding windows; packs run with_varlen_policy's, unfolded).
+// policies; the GQA-folded kernels exist for sliding windows; packs run with_varlen_policy's).
 template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic>
 void launch_policy(Schedule policy, bool gqa_fold, bool varlen, BwdKernelParams<Traits> const& kp, int grid,
                    cudaStream_t stream) {
     if (varlen) {
         with_varlen_policy<Deterministic>(policy, [&](auto tag) {
             using Policy = typename decltype(tag)::type;
+            if constexpr (Is_local) {
+                if (gqa_fold) {
+                    launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, true, true>(kp, grid,
+                                                                                                           stream);
+                    return;
+                }
+            }
             launch_main<Traits, Is_causal, Is_local, Is_softcap, Deterministic, Policy, false, true>(kp, grid, stream);
         });
         return;
@@ -148,8 +156,17 @@ bool instantiated(Schedule policy, bool causal, bool deterministic) {
 // than the causal mask).
 template <class Traits>
 char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
+    if (p.gqa_fold && p.num_heads == p.num_heads_k) {
+        return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
+    }
+    if (p.gqa_fold && !local) {
+        return "flash_dash bwd: gqa_fold runs on sliding windows only (causal=true with a window other than the causal "
+               "mask); full and causal masks have no folded kernels";
+    }
     if (is_varlen(p)) {
-        if (p.gqa_fold) { return "flash_dash bwd: packed (varlen) backwards do not fold GQA siblings (gqa_fold)"; }
+        if (p.gqa_fold && (p.fold_min_len_q < 0 || p.fold_min_len_k < 0)) {
+            return "flash_dash bwd: a folded pack's fold_min_len_q / fold_min_len_k must be >= 0";
+        }
         if (p.order_trace != nullptr || p.timeline != nullptr) {
             return "flash_dash bwd: packed (varlen) backwards record no order trace or timeline";
         }
@@ -160,13 +177,6 @@ char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
         return runs ? nullptr
                     : "flash_dash bwd: packed (varlen) backwards run ascending or descending when deterministic, "
                       "descending otherwise";
-    }
-    if (p.gqa_fold && p.num_heads == p.num_heads_k) {
-        return "flash_dash bwd: gqa_fold needs num_heads != num_heads_k (without GQA there are no siblings to fold)";
-    }
-    if (p.gqa_fold && !local) {
-        return "flash_dash bwd: gqa_fold runs on sliding windows only (causal=true with a window other than the causal "
-               "mask); full and causal masks have no folded kernels";
     }
     int64_t const units = p.schedule == Schedule::kSymmetricShift ? int64_t(s.batch) * s.heads * (s.num_n / 2)
                                                                    : int64_t(s.batch) * s.heads * s.num_n;
@@ -216,7 +226,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const N = int(w.n_cap);
     SchedShape s{};
     s.batch = varlen ? 1 : p.batch; s.heads = p.num_heads; s.heads_k = p.num_heads_k;
-    if (p.gqa_fold) { s = folded_grid(s); }
+    if (p.gqa_fold && !varlen) { s = folded_grid(s); }  // a pack's tiles fold per sequence (bwd/tiles.hpp)
     s.seqlen_q = p.seqlen_q; s.seqlen_k = p.seqlen_k;
     s.block_m = kBlockM; s.block_n = kBlockN; s.num_m = M; s.num_n = N;
     s.grid = p.grid; s.causal = p.is_causal;
@@ -231,8 +241,12 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         vw = varlen_workspace(ws + w.varlen, p.batch);
         VarlenArgs a = p.varlen;
         a.workspace = ws + w.varlen;
-        VarlenTiling const tiling{kBlockN, p.num_heads, p.num_heads_k, /*key_blocks=*/true, kVarlenKeyClaims, kBlockM,
-                                  kBlockN, p.grid, /*grouped_claims=*/p.deterministic};
+        VarlenTiling tiling{kBlockN, p.num_heads, p.num_heads_k, /*key_blocks=*/true, kVarlenKeyClaims, kBlockM,
+                            kBlockN, p.grid, /*grouped_claims=*/p.deterministic};
+        if (p.gqa_fold) {
+            tiling.fold_min_len_q = p.fold_min_len_q;
+            tiling.fold_min_len_k = p.fold_min_len_k;
+        }
         varlen_prepare_kernel<kVarlenPrepareThreads><<<1, kVarlenPrepareThreads, 0, stream>>>(a, p.batch, p.seqlen_q, p.seqlen_k, tiling);
         check_launch("varlen prepare kernel");
     }

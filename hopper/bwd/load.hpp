@@ -17,7 +17,7 @@ namespace bwd {
 
 template <class Traits, class Policy, bool GqaFold, bool Varlen>
 struct BwdLoad {
-    using Tiles = BwdTiles<Varlen>;
+    using Tiles = BwdTiles<Varlen, GqaFold>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
@@ -30,7 +30,7 @@ struct BwdLoad {
         using namespace cute;
         constexpr int kBlockM = Traits::kBlockM;
         SchedShape const& sched = params.sched;  // stays in the param bank (no registers)
-        SiblingWalk<GqaFold> const siblings{params.group};
+        auto const siblings = Tiles::grid_siblings(params.group);
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
         Tensor sdO = make_tensor(make_smem_ptr(ss.smem_do.data()), typename Traits::SmemLayoutdO{});
         Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
@@ -53,7 +53,8 @@ struct BwdLoad {
             auto const st = Policy::init(shape, c);
             int const steps = Policy::num_steps(shape, c, st);
             if (steps <= 0) continue;
-            int const hk = siblings.kv_head(c);
+            auto const walk = Tiles::tile_siblings(params.group, seq);
+            int const hk = walk.kv_head(c);
             Tensor gK = local_tile(Tiles::rows(mK, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
             Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
             auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -75,7 +76,7 @@ struct BwdLoad {
             };
             // Not unrolled (for_each_step): one thread issuing TMA gains nothing from it, and unrolling made the
             // 24-register warps (hdim 64) spill inside this loop.
-            siblings.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
+            walk.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [tQgQ, tQsQ, tdOgdO, tdOsdO, lse_tile, dpsum_tile] = ht;
                 int const m = Policy::m_block(shape, c, st, step);
                 int const s = pipe_write.index();

@@ -29,7 +29,7 @@ namespace bwd {
 template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Deterministic, class Policy, bool GqaFold,
           bool Varlen>
 struct BwdMainloop {
-    using Tiles = BwdTiles<Varlen>;
+    using Tiles = BwdTiles<Varlen, GqaFold>;
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using Element = typename Traits::Element;
     using SharedStorage = typename Traits::SharedStorage;
@@ -106,7 +106,8 @@ struct BwdMainloop {
                 // The tile's steps over all its siblings (SiblingWalk; the operands arrive in shared memory, so the MMA
                 // needs no head). A plain loop: the step loop inside the walk's lambda made ptxas spill at hdim 128.
                 typename SiblingWalk<GqaFold>::Cursor cursor{};
-                for (int k = 0; k < SiblingWalk<GqaFold>{params.group}.num_steps(steps); ++k) {
+                int const walk_steps = Tiles::tile_siblings(params.group, seq).num_steps(steps);
+                for (int k = 0; k < walk_steps; ++k) {
                     int const step = cursor.step(k);
                     int const m = Policy::m_block(shape, c, st, step);
                     int const m_base = m * kBlockM;

@@ -128,6 +128,7 @@ __global__ void __launch_bounds__(kPostprocessThreads) bwd_postprocess_kv_varlen
     int const i = varlen_seq_of_tile(p.varlen_seqs, p.batch_size, x, p.block_n, /*keys=*/true);
     if (i < 0) { return; }
     VarlenSeq const s = p.varlen_seqs[i];
+    if (s.folded) { return; }  // its tiles stored dK/dV themselves
     int const row0 = (x - s.n_start) * p.block_n;
     cutlass::NumericArrayConverter<Element, float, kVec> cvt;
     for (int e = threadIdx.x; e < p.block_n * kPerRow; e += kPostprocessThreads) {

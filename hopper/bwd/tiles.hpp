@@ -4,17 +4,27 @@
 // Q-tile order and dQ ranks are the ones the sequence has alone. The varlen kernels run the dynamic-grid policies
 // (claims in table order: a sequence's heads outer, key blocks inner, so a rank predecessor (n - 1, m) and a GQA
 // sibling predecessor (same n, head h - 1) come earlier, as the deadlock-freedom argument of policies.hpp needs).
+// GqaFold varlen kernels: a folded sequence's tiles are (key block, K/V head) on its folded grid, the others' (key
+// block, query head) as in the unfolded kernels (VarlenSeq::folded, decided by the prepare CTA).
 #pragma once
 #include <cute/tensor.hpp>
 
 #include "common/varlen.hpp"
 #include "schedule/policies.hpp"
+#include "schedule/sibling_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <bool Varlen>
+template <bool Varlen, bool GqaFold = false>
 struct BwdTiles {
+    // The sibling walk of the kernel's parameters (params.sched: the folded grid in dense folded kernels, every query
+    // head in a pack's) and of a tile of sequence `seq` (dense: the kernel's).
+    CUTLASS_DEVICE static SiblingWalk<GqaFold> grid_siblings(int group) { return {group, GqaFold && !Varlen}; }
+    CUTLASS_DEVICE static SiblingWalk<GqaFold> tile_siblings(int group, VarlenSeq const& seq) {
+        return {group, Varlen ? GqaFold && seq.folded != 0 : GqaFold};
+    }
+
     // Tile t's context; returns the shape its policy walks (params.sched, or `local` filled with the sequence's
     // grid), and fills `seq` with the sequence's view (varlen only).
     template <class Policy, class KP>
@@ -25,6 +35,7 @@ struct BwdTiles {
             VarlenTile const e = params.varlen_tiles[t];
             seq = params.varlen_seqs[e.seq];
             local = params.sched;
+            if (GqaFold && seq.folded) { local = folded_grid(local); }
             local.seqlen_q = seq.len_q;
             local.seqlen_k = seq.len_k;
             local.num_m = (seq.len_q + local.block_m - 1) / local.block_m;

@@ -47,11 +47,14 @@ struct BwdParams : FwdParams {
     float* dsink;      // (heads,) fp32: the sink's gradient (bwd/sink_grad.hpp) where `sink` is set, else nullptr
     // The resolved launch (flash_attn_dash/launch.py decides it, the launcher checks it): the policy that runs,
     // its persistent grid size and, on the dynamic grid, the heads per claim group; gqa_fold: one tile per K/V head
-    // runs every query head sharing it (schedule/sibling_walk.hpp; sliding windows only).
+    // runs every query head sharing it (schedule/sibling_walk.hpp; sliding windows only). A pack folds the sequences
+    // whose used lengths exceed fold_min_len_q and fold_min_len_k (where their own window bounds both sides), each
+    // as its dense call would.
     Schedule schedule;
     int grid;
     int claim_group;
     bool gqa_fold;
+    int fold_min_len_q, fold_min_len_k;
     // Debug only (nullptr otherwise): per dQ tile (b, h, m), the K/V tile indices n in arrival order.
     int* order_trace;
     // Diagnostic only (nullptr otherwise; kernels built with FLASH_DASH_BWD_TIMELINE=1 fill it, others

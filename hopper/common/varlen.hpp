@@ -25,10 +25,13 @@ namespace flash_dash {
 // Rows [q_start, q_start + len_q) of the packed q attend to rows [k_start, k_start + len_k) of k and v. The backward's
 // per-tile workspace (dQ accumulators and counters, dPsum / LSE rows, GQA dK/dV accumulators) gives each sequence
 // its own whole tiles: its query blocks start at tile m_start and its key blocks at tile n_start of a head's
-// (VarlenTiling::q_rows / k_rows blocks; prefix sums over the sequences before it).
+// (VarlenTiling::q_rows / k_rows blocks; prefix sums over the sequences before it). `folded`: the backward runs the
+// sequence GQA-folded, as its dense call does (varlen_folds): its tiles are (key block, K/V head), each walking the
+// query heads that share the K/V head (schedule/sibling_walk.hpp).
 struct alignas(16) VarlenSeq {
     int q_start, k_start, len_q, len_k;
     int m_start, n_start;
+    int folded;
 };
 
 // One tile of the pack: `block` is its m block (forward) or n block (backward) within sequence `seq`.
@@ -154,12 +157,26 @@ struct VarlenTiling {
     int q_rows, k_rows;
     int grid;                   // kVarlenKeyClaims: the launched grid (claim groups use min(grid, tiles))
     bool grouped_claims;        // kVarlenKeyClaims: claim groups by varlen_claim_group (deterministic), else 1 head
+    // GQA-folded backward kernels: a sequence folds when its used lengths exceed both (where its own window bounds
+    // both sides, flash_attn_dash.launch.varlen_fold_lengths); INT_MAX: no sequence does.
+    int fold_min_len_q = INT_MAX, fold_min_len_k = INT_MAX;
 };
 
-// The claim group of a sequence with num_m query tiles in a table of `tiles` tiles (1 but for grouped key claims).
-FLASH_DASH_HD int varlen_group(VarlenTiling const& t, int num_m, int tiles) {
+// Whether sequence s runs GQA-folded.
+FLASH_DASH_HD bool varlen_folds(VarlenSeq const& s, VarlenTiling const& t) {
+    return s.len_q > t.fold_min_len_q && s.len_k > t.fold_min_len_k;
+}
+
+// The heads of a sequence's tiles: the K/V heads when it folds, else the query heads.
+FLASH_DASH_HD int varlen_tile_heads(VarlenSeq const& s, VarlenTiling const& t) {
+    return s.folded ? t.heads_k : t.heads;
+}
+
+// The claim group of a sequence with num_m query tiles and `heads` tile heads in a table of `tiles` tiles (1 but for
+// grouped key claims).
+FLASH_DASH_HD int varlen_group(VarlenTiling const& t, int num_m, int heads, int tiles) {
     if (t.order != kVarlenKeyClaims || !t.grouped_claims) { return 1; }
-    return varlen_claim_group(num_m, t.heads, t.grid < tiles ? t.grid : tiles);
+    return varlen_claim_group(num_m, heads, t.grid < tiles ? t.grid : tiles);
 }
 
 // The pack's first error at boundary i (0 .. batch) as seq * 16 + code (INT_MAX: none): the lowest such key over
@@ -187,17 +204,18 @@ FLASH_DASH_HD int varlen_error_at(VarlenArgs const& a, int i, int batch, int tot
     return key;
 }
 
-// Sequence i of a checked pack.
-FLASH_DASH_HD VarlenSeq varlen_seq(VarlenArgs const& a, int i) {
+// Sequence i of a checked pack (its workspace starts not yet set).
+FLASH_DASH_HD VarlenSeq varlen_seq(VarlenArgs const& a, int i, VarlenTiling const& t) {
     VarlenSeq s{};
     s.q_start = a.cu_seqlens_q[i];
     s.k_start = a.cu_seqlens_k[i];
     s.len_q = a.seqused_q != nullptr ? a.seqused_q[i] : a.cu_seqlens_q[i + 1] - s.q_start;
     s.len_k = a.seqused_k != nullptr ? a.seqused_k[i] : a.cu_seqlens_k[i + 1] - s.k_start;
+    s.folded = varlen_folds(s, t);
     return s;
 }
 
-// The blocks of a sequence's tiles (each has `heads` tiles).
+// The blocks of a sequence's tiles (each has varlen_tile_heads tiles).
 FLASH_DASH_HD int varlen_blocks(VarlenSeq const& s, VarlenTiling const& t) {
     int const len = t.key_blocks ? (s.len_q > 0 ? s.len_k : 0) : s.len_q;
     return (len + t.rows - 1) / t.rows;
@@ -265,6 +283,7 @@ __global__ void __launch_bounds__(kT, 1)
     __shared__ int cost_of[kT];     // the tile cost of the chunk's sequence r (-1: none)
     __shared__ int seq_at[kT];      // the chunk's sequence at position p
     __shared__ int group_of[kT];    // the claim group of the sequence at position p
+    __shared__ int heads_of[kT];    // the tile heads of the sequence at position p
     using Reduce = cub::BlockReduce<int, kT>;
     __shared__ typename Reduce::TempStorage reduce_storage;
     __shared__ int first_error;
@@ -298,7 +317,8 @@ __global__ void __launch_bounds__(kT, 1)
     int total = 0;
     for (int c0 = 0; c0 < batch; c0 += kT) {
         int const i = c0 + tid;
-        int const tiles = i < batch ? varlen_blocks(varlen_seq(a, i), tiling) * tiling.heads : 0;
+        VarlenSeq const s = i < batch ? varlen_seq(a, i, tiling) : VarlenSeq{};
+        int const tiles = i < batch ? varlen_blocks(s, tiling) * varlen_tile_heads(s, tiling) : 0;
         total += Reduce(reduce_storage).Sum(tiles);  // valid in thread 0
         __syncthreads();
     }
@@ -312,7 +332,7 @@ __global__ void __launch_bounds__(kT, 1)
         int blocks = 0, m_blocks = 0, n_blocks = 0;
         VarlenSeq s{};
         if (i < batch) {
-            s = varlen_seq(a, i);
+            s = varlen_seq(a, i, tiling);
             blocks = varlen_blocks(s, tiling);
             m_blocks = varlen_m_blocks(s, tiling);
             n_blocks = varlen_n_blocks(s, tiling);
@@ -336,16 +356,17 @@ __global__ void __launch_bounds__(kT, 1)
         int const rank = varlen_rank(cost_of, kT, tid, cost);
         seq_at[rank] = tid;
         blocks_of[rank] = blocks;
-        group_of[rank] = varlen_group(tiling, m_blocks, total);
+        heads_of[rank] = varlen_tile_heads(s, tiling);
+        group_of[rank] = varlen_group(tiling, m_blocks, heads_of[rank], total);
         __syncthreads();
         int before = 0, chunk_tiles = 0;
-        Scan(scan_storage).ExclusiveSum(blocks_of[tid] * tiling.heads, before, chunk_tiles);
+        Scan(scan_storage).ExclusiveSum(blocks_of[tid] * heads_of[tid], before, chunk_tiles);
         prefix[tid] = before;
         if (tid == 0) { prefix[kT] = chunk_tiles; }
         __syncthreads();
         for (int j = tid; j < chunk_tiles; j += kT) {
             int const p = varlen_find(prefix, kT, j);
-            w.tiles[base + j] = {c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], tiling.heads,
+            w.tiles[base + j] = {c0 + seq_at[p], varlen_tile_block_head(j - prefix[p], blocks_of[p], heads_of[p],
                                                                         tiling.heads_k, tiling.order, group_of[p])};
         }
         base += chunk_tiles;

@@ -3,8 +3,9 @@
 // hk (siblings s = 0 .. G-1, h = hk * G + s, G = H / Hk) and keeps dK/dV in registers over all of them. The policies
 // walk the folded grid (`folded_grid`: Hk heads, so TileCtx::h is hk), and each sibling's steps take the ranks the
 // policy gives (n, m): ranks do not depend on the head (policies.hpp has the deadlock-freedom argument).
-// Unfolded kernels (kFold false) run each tile for its one query head, as before. Plain C++: the mirror test walks it
-// on the CPU.
+// Unfolded kernels (kFold false) run each tile for its one query head, as before. In the folded varlen kernels each
+// tile folds or not as its sequence does (`folds`, VarlenSeq::folded): an unfolded tile of such a kernel walks its
+// one query head like an unfolded kernel's. Plain C++: the mirror test walks it on the CPU.
 #pragma once
 #include "common/host_device.hpp"
 #include "schedule/policies.hpp"
@@ -14,12 +15,14 @@ namespace bwd {
 
 template <bool kFold>
 struct SiblingWalk {
-    int group;  // G = H / Hk (1 without GQA)
+    int group;           // G = H / Hk (1 without GQA)
+    bool folds = kFold;  // this tile (or grid) walks the siblings: never in unfolded kernels
 
+    FLASH_DASH_HD bool folded() const { return kFold && folds; }
     // Query heads H, from the shape the policies walk (the folded grid has Hk).
-    FLASH_DASH_HD int query_heads(SchedShape const& s) const { return kFold ? s.heads * group : s.heads; }
+    FLASH_DASH_HD int query_heads(SchedShape const& s) const { return folded() ? s.heads * group : s.heads; }
     // The K/V head of tile c.
-    FLASH_DASH_HD int kv_head(TileCtx const& c) const { return kFold ? c.h : c.h / group; }
+    FLASH_DASH_HD int kv_head(TileCtx const& c) const { return folded() ? c.h : c.h / group; }
 
     // Calls body(head(h), step) for every step of tile c (`steps` from the policy) and every sibling head h in walk
     // order; head(h) builds what a role needs per query head (its tensors and pointers). Folded: one flat loop that
@@ -29,11 +32,11 @@ struct SiblingWalk {
     template <class Head, class Body>
     FLASH_DASH_HD void for_each_step(TileCtx const& c, int steps, Head&& head, Body&& body) const {
         if constexpr (kFold) {
-            int h = c.h * group, step = 0;
+            int h = folded() ? c.h * group : c.h, step = 0;
 #if defined(__CUDA_ARCH__)
             #pragma unroll 1
 #endif
-            for (int left = group * steps; left > 0; --left) {
+            for (int left = num_steps(steps); left > 0; --left) {
                 body(head(h), step);
                 if (++step == steps) { step = 0; ++h; }
             }
@@ -50,7 +53,7 @@ struct SiblingWalk {
     // - 1 whose step is cursor.step(k), advanced at the end of each iteration: k itself unfolded, k mod steps folded
     // (the step loop inside for_each_step's lambda made ptxas spill in the MMA warpgroups at hdim 128; a loop over
     // the siblings around it, 12 -> 68 B at hdim 64).
-    FLASH_DASH_HD int num_steps(int steps) const { return kFold ? group * steps : steps; }
+    FLASH_DASH_HD int num_steps(int steps) const { return folded() ? group * steps : steps; }
     struct Cursor {
         int wrap = 0;
         FLASH_DASH_HD int step(int k) const { return kFold ? wrap : k; }
