@@ -7,13 +7,16 @@ document), q/k/v/dO from torch.randn.
            one cut to what is left (flash_attn_dash.cad.workload.pareto_doc_lens on Python's random.Random(seed), so a
            pack is a function of (tokens, seed)); --pack-tokens 16k,64k, --seeds 0,1; causal by default.
   uniform  --tokens (16k) tokens of documents of --seqlen s each: bench_attn.py's dense grid as packs; full and causal.
-hdim 64/128, heads = --hidden/hdim (2048/hdim), K/V heads --heads-k (default: heads; fewer is GQA).
+hdim 64/128, heads = --hidden/hdim (2048/hdim), K/V heads --heads-k (default: heads; fewer is GQA). Model features
+(issue 19 point 5): --window L runs the causal masks with window_size (L, 0) in every document (gpt-oss: 127, with
+--sink), --sink adds learnable sinks (heads,) drawn from a fixed seed; the rows that cannot run them say so.
 
 Implementations (--impl, keys / groups / fnmatch patterns as bench_attn.py):
   dash-varlen, dash-varlen-det           ours, flash_attn_dash.flash_attn_varlen_func (det: schedule "auto");
   dash-varlen-kernels, dash-varlen-kernels-det
                                          the same with the varlen kernels forced on for the row (the gates
-                                         varlen_cuda.FWD/BWD_KERNEL_VALIDATED, before their GPU tests lift them);
+                                         varlen_cuda.FWD/BWD_KERNEL_VALIDATED and launch.VARLEN_FOLD_VALIDATED,
+                                         before their GPU tests lift them);
   dash-dense, dash-dense-det, dash-dense-det-descending
                                          ours, flash_attn_func on the (batch, seqlen) view of a uniform pack (the
                                          varlen-vs-dense comparison at equal shapes; "descending" is the order
@@ -29,11 +32,11 @@ A row that cannot run here (no kernels, FA4 not installed, no CUDA) is recorded 
 
 What is timed is bench_attn.py's method: CUDA events, median of --iters >= 20 calls after --warmup, --sets input sets
 rotated against L2, a ~1 ms GPU sleep before each call; fwd = one call (inputs require grad), bwd = the whole
-torch.autograd.grad(out, (q, k, v), dout, retain_graph=True). Our varlen CUDA path is interim (one dense call per
-document after a device-to-host copy of cu_seqlens in the forward and in the backward): the copy waits for the sleep,
-so the host time of its per-document launches is inside the measured interval, as it is in training.
+torch.autograd.grad(out, (q, k, v), dout, retain_graph=True). Where our varlen CUDA path runs one dense call per
+document (the requests the varlen kernels do not run), its device-to-host copy of cu_seqlens waits for the sleep, so
+the host time of its per-document launches is inside the measured interval, as it is in training.
 TFLOP/s: fwd = sum over documents of 4 * heads * hdim * (query-key pairs the mask lets through: l^2 full,
-l(l+1)/2 causal, exact), bwd = 2.5 x fwd. (bench_attn.py counts s^2/2 for causal, so at equal time a causal uniform
+l(l+1)/2 causal, those of the window with --window; exact), bwd = 2.5 x fwd. (bench_attn.py counts s^2/2 for causal, so at equal time a causal uniform
 pack reads (s+1)/s times its number here; ratios within this harness use the same count on both sides.)
 
 Each row records the pack (kind, tokens, seed, lengths), fwd/bwd ms and TFLOP/s, bitwise_repeat (dq/dk/dv torch.equal
@@ -121,14 +124,17 @@ def small_pack(pack: Pack, tokens: int) -> Pack:
     return uniform_pack(2 * s, s)
 
 
-def doc_pairs(length: int, causal: bool) -> int:
-    """Query-key pairs of one document that its mask lets through (query i sees keys j <= i when causal)."""
+def doc_pairs(length: int, causal: bool, window_left: Optional[int] = None) -> int:
+    """Query-key pairs of one document that its mask lets through (query i sees keys j <= i when causal, and j >= i
+    - window_left with a window)."""
+    if window_left is not None:
+        return bc.visible_pairs(length, length, (window_left, 0))
     return length * (length + 1) // 2 if causal else length * length
 
 
-def pack_fwd_flops(lengths, heads: int, hdim: int, causal: bool) -> float:
+def pack_fwd_flops(lengths, heads: int, hdim: int, causal: bool, window_left: Optional[int] = None) -> float:
     """Forward FLOPs of a pack: Q.K^T and P.V, 2 * hdim each per visible pair and query head."""
-    return 4.0 * heads * hdim * sum(doc_pairs(n, causal) for n in lengths)
+    return 4.0 * heads * hdim * sum(doc_pairs(n, causal, window_left) for n in lengths)
 
 
 # --------------------------------------------------------------------------- implementations
@@ -218,21 +224,34 @@ def forced_varlen_kernels(on: bool):
         yield
         return
     vc = importlib.import_module("flash_attn_dash.varlen_cuda")
-    saved = vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED
-    vc.FWD_KERNEL_VALIDATED = vc.BWD_KERNEL_VALIDATED = True
+    la = importlib.import_module("flash_attn_dash.launch")
+    saved = vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED, la.VARLEN_FOLD_VALIDATED
+    vc.FWD_KERNEL_VALIDATED = vc.BWD_KERNEL_VALIDATED = la.VARLEN_FOLD_VALIDATED = True
     try:
         yield
     finally:
-        vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED = saved
+        vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED, la.VARLEN_FOLD_VALIDATED = saved
 
 
-def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu):
-    """fn(q, k, v) -> out for packed (tokens, heads, d) tensors; ``cu`` is the pack's int32 offsets on their device.
-    Raises ImplUnavailable when the implementation cannot run here."""
+def features_kw(window_left: Optional[int], sink) -> dict:
+    """Our API's keywords for the row's model features (none: {})."""
+    kw = {}
+    if window_left is not None:
+        kw["window_size"] = (window_left, 0)
+    if sink is not None:
+        kw["learnable_sink"] = sink
+    return kw
+
+
+def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu, window_left: Optional[int] = None, sink=None):
+    """fn(q, k, v) -> out for packed (tokens, heads, d) tensors; ``cu`` is the pack's int32 offsets on their device;
+    ``window_left`` / ``sink``: the model features (--window, --sink). Raises ImplUnavailable when the implementation
+    cannot run here."""
     m = pack.max_len
     if impl.family == "dash":
         fad = ours()
-        kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule)
+        kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
+                  **features_kw(window_left, sink))
         if impl.api == "varlen":
             return lambda q, k, v: fad.flash_attn_varlen_func(q, k, v, cu, cu, m, m, **kw)
         b, s = len(pack.lengths), pack.seqlen
@@ -249,23 +268,31 @@ def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu):
             raise bc.ImplUnavailable(f"from flash_attn.cute import flash_attn_varlen_func failed: "
                                      f"{type(e).__name__}: {e}")
         det = impl.deterministic
+        extra = {}  # FA4 spells an unbounded side None
+        if window_left is not None:
+            extra["window_size"] = (window_left, 0)
+        if sink is not None:
+            extra["learnable_sink"] = sink
         # keywords only: FA4 releases insert parameters between q/k/v and cu_seqlens_q (qv)
         return lambda q, k, v: bc._first(fa4(q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=m,
-                                             max_seqlen_k=m, causal=causal, deterministic=det))
+                                             max_seqlen_k=m, causal=causal, deterministic=det, **extra))
     if impl.family == "sdpa":
+        if window_left is not None or sink is not None:
+            raise bc.ImplUnavailable("SDPA on nested tensors takes no sliding window or learnable sink")
         if bc.bench_device() != "cuda":
             raise bc.ImplUnavailable(f"SDPA backend {impl.backend} needs CUDA tensors")
         return nested_sdpa_fn(pack, causal, cu, impl.backend)
     raise ValueError(f"unknown family {impl.family}")
 
 
-def schedule_used(impl: VarlenImpl, pack: Pack, causal: bool, q, k, cu):
+def schedule_used(impl: VarlenImpl, pack: Pack, causal: bool, q, k, cu, window_left: Optional[int] = None):
     """What our API reports it runs: varlen, {order: documents}; dense, the order. 'error: ...' if it raised."""
     if impl.family != "dash":
         return None
     try:
         fad = ours()
-        kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule)
+        kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
+                  **features_kw(window_left, None))
         m = pack.max_len
         if impl.api == "varlen":
             per_doc = fad.varlen_schedule_used(q, k, cu, cu, m, m, **kw)
@@ -296,6 +323,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=bc.HIDDEN, help="heads = hidden/hdim (default 2048)")
     p.add_argument("--heads-k", type=int, default=None,
                    help="K/V heads (default: the query heads; fewer gives GQA, e.g. 8)")
+    p.add_argument("--window", type=int, default=None, metavar="LEFT",
+                   help="a sliding window on the causal masks: window_size (LEFT, 0) in every document (gpt-oss: 127)")
+    p.add_argument("--sink", action="store_true", help="learnable sinks (heads,), gpt-oss style")
     p.add_argument("--quick", action="store_true",
                    help="quick subset: seed 0 only, uniform seqlen 2k,8k, --budget-s 120 unless given")
     p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"])
@@ -343,6 +373,12 @@ def plan(args) -> Tuple[List[dict], List[str]]:
     for m in masks or []:
         if m not in bc.MASKS:
             raise SystemExit(f"{PROG}: unknown mask {m!r} (full, causal)")
+    if args.window is not None:
+        if args.window < 0:
+            raise SystemExit(f"{PROG}: --window must be >= 0 (the keys before the query a row sees), got {args.window}")
+        if "full" in (masks or []):
+            raise SystemExit(f"{PROG}: --window runs on the causal masks: drop 'full' from --mask")
+        masks = ["causal"]
     try:
         impls = bc.select_impls(args.impl, IMPL_GROUPS["default"], IMPLS, IMPL_GROUPS)
         packs = []
@@ -364,7 +400,8 @@ def plan(args) -> Tuple[List[dict], List[str]]:
                 raise ValueError(f"--heads-k {heads_k} must divide the {heads} query heads of hdim {d}")
             for kind in kinds:
                 for mask in masks or DEFAULT_MASKS[kind]:
-                    shapes += [dict(pack=p, hdim=d, heads=heads, heads_k=heads_k, mask=mask, causal=mask == "causal")
+                    shapes += [dict(pack=p, hdim=d, heads=heads, heads_k=heads_k, mask=mask, causal=mask == "causal",
+                                    window_left=args.window, sink=args.sink)
                                for p in packs if p.kind == kind]
     except ValueError as e:
         raise SystemExit(f"{PROG}: {e}")
@@ -373,8 +410,10 @@ def plan(args) -> Tuple[List[dict], List[str]]:
 
 def shape_str(sh) -> str:
     p = sh["pack"]
+    features = (f" window={sh['window_left']}" if sh.get("window_left") is not None else "") + \
+        (" sink" if sh.get("sink") else "")
     return (f"{p.kind:<7} {p.label:>7} hdim{sh['hdim']} {sh['mask']:<6} docs={len(p.lengths)} "
-            f"max={p.max_len} h={sh['heads']}/{sh['heads_k']}")
+            f"max={p.max_len} h={sh['heads']}/{sh['heads_k']}{features}")
 
 
 # --------------------------------------------------------------------------- runner
@@ -403,6 +442,13 @@ class Runner:
         return tuple(torch.randn((tokens, h, hdim), generator=g, device=self.dev, dtype=self.dtype)
                      for h in (heads, heads_k, heads_k, heads))
 
+    def sink_for(self, sh, heads: int):
+        """The row's learnable sink logits for ``heads`` query heads (fp32, fixed seed), or None without --sink."""
+        if not sh.get("sink"):
+            return None
+        g = self.torch.Generator(device=self.dev).manual_seed(4242)
+        return self.torch.randn(heads, generator=g, device=self.dev, dtype=self.torch.float32)
+
     def make_sets(self, sh):
         sets = []
         for i in range(self.args.sets):
@@ -412,7 +458,7 @@ class Runner:
         return sets
 
     # ------------------------------------------------------------------ checks
-    def check_out_slice(self, out, q, k, v, pack: Pack, causal: bool):
+    def check_out_slice(self, out, q, k, v, pack: Pack, causal: bool, window_left=None, sink=None):
         """Rows [0, 64) and [l-64, l) of the longest document, query heads {0, h-1}, vs the fp32 reference."""
         torch = self.torch
         i = pack.lengths.index(pack.max_len)
@@ -427,12 +473,13 @@ class Runner:
         with torch.no_grad():
             qs = q[doc].index_select(1, qh)[None]
             ks, vs = (t[doc].index_select(1, kh)[None] for t in (k, v))
-            ref = bc.attention_ref(qs, ks, vs, causal, rows=rows, upcast=True)
-            pt = bc.attention_ref(qs, ks, vs, causal, rows=rows, upcast=False)
+            sk = None if sink is None else sink[qh]
+            ref = bc.attention_ref(qs, ks, vs, causal, rows=rows, upcast=True, window_left=window_left, sink=sk)
+            pt = bc.attention_ref(qs, ks, vs, causal, rows=rows, upcast=False, window_left=window_left, sink=sk)
             x = out[doc].index_select(1, qh)[None][:, rows]
             return bc.tol_check(x, ref, pt)
 
-    def per_document(self, q, k, v, do, pack: Pack, causal: bool):
+    def per_document(self, q, k, v, do, pack: Pack, causal: bool, window_left=None, sink=None):
         """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, "descending") and of the fp32 reference,
         each document alone, packed again."""
         torch = self.torch
@@ -441,10 +488,11 @@ class Runner:
         for a, b in zip(pack.offsets()[:-1], pack.offsets()[1:]):
             doc = [t[a:b][None] for t in (q, k, v)]
             lv = [t.clone().requires_grad_(True) for t in doc]
-            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule="descending")
+            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule="descending",
+                                    **features_kw(window_left, sink))
             dense.append((o.detach(),) + torch.autograd.grad(o, lv, do[a:b][None]))
             lv = [t.float().requires_grad_(True) for t in doc]
-            o = bc.attention_ref(*lv, causal, upcast=True)
+            o = bc.attention_ref(*lv, causal, upcast=True, window_left=window_left, sink=sink)
             ref.append((o.detach(),) + torch.autograd.grad(o, lv, do[a:b][None].float()))
         return ([torch.cat([d[i][0] for d in dense]) for i in range(4)],
                 [torch.cat([d[i][0] for d in ref]) for i in range(4)])
@@ -455,11 +503,12 @@ class Runner:
         pack = small_pack(sh["pack"], self.args.check_tokens)
         heads_k, heads = 2, 2 * (sh["heads"] // sh["heads_k"])
         q, k, v, do = self.random_pack(pack.tokens, heads, heads_k, sh["hdim"], self.args.seed + 12345)
-        fn = make_fn(impl, pack, sh["causal"], self.offsets(pack))
+        sink = self.sink_for(sh, heads)
+        fn = make_fn(impl, pack, sh["causal"], self.offsets(pack), sh.get("window_left"), sink)
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
         got = (out.detach(),) + torch.autograd.grad(out, leaves, do)
-        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"])
+        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"], sh.get("window_left"), sink)
         res = dict(lengths=list(pack.lengths), heads=heads, heads_kv=heads_k)
         names = ("out", "dq", "dk", "dv")
         for i, nm in enumerate(names):
@@ -479,7 +528,8 @@ class Runner:
         row = impl.describe()
         row.update(pack.describe())
         row.update(dtype=args.dtype, heads=sh["heads"], heads_kv=sh["heads_k"], hdim=sh["hdim"], mask=sh["mask"],
-                   causal=sh["causal"], status="ok", reason=None, stage=None, fwd=None, bwd=None,
+                   causal=sh["causal"], window_left=sh.get("window_left"), sink=bool(sh.get("sink")), status="ok",
+                   reason=None, stage=None, fwd=None, bwd=None,
                    bitwise_repeat=None, n_repeats=None, repeat_max_abs_dev=None, check=None, schedule_used=None,
                    wall_s=None)
         self.current = row
@@ -493,20 +543,21 @@ class Runner:
         if self.budget.exceeded(ours=ours_row):
             row.update(status="skipped", reason=self.budget.reason(ours=ours_row))
             return row
+        window_left, sink = sh.get("window_left"), self.sink_for(sh, sh["heads"])
         try:
-            fn = make_fn(impl, pack, sh["causal"], cu)
+            fn = make_fn(impl, pack, sh["causal"], cu, window_left, sink)
         except bc.ImplUnavailable as e:
             row.update(status="skipped", reason=str(e))
             return row
 
-        fwd_flops = pack_fwd_flops(pack.lengths, sh["heads"], sh["hdim"], sh["causal"])
+        fwd_flops = pack_fwd_flops(pack.lengths, sh["heads"], sh["hdim"], sh["causal"], window_left)
         t0 = time.monotonic()
         self.watchdog.arm(f"{impl.key} {shape_str(sh)}")
         stage = bc.Stage()
         failed = False
         try:
             check_out = None if args.no_check else (
-                lambda out, q, k, v: self.check_out_slice(out, q, k, v, pack, sh["causal"]))
+                lambda out, q, k, v: self.check_out_slice(out, q, k, v, pack, sh["causal"], window_left, sink))
             bc.measure_fwd_bwd(row, fn, sets, args, fwd_flops, stage, check_out)
             if not args.no_check:
                 stage.name = "check_small"
@@ -517,7 +568,7 @@ class Runner:
                     row["check"]["small"] = dict(ok=None, reason=f"reference unavailable: {e}")
             stage.name = "schedule_used"
             q, k, _, _ = sets[0]
-            row["schedule_used"] = schedule_used(impl, pack, sh["causal"], q, k, cu)
+            row["schedule_used"] = schedule_used(impl, pack, sh["causal"], q, k, cu, window_left)
         except bc.ImplUnavailable as e:  # found out by the first call (no kernel of a backend for these inputs)
             row.update(status="skipped", reason=str(e), stage=stage.name)
         except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on

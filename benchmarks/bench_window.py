@@ -44,16 +44,6 @@ SEQLENS = (8192, 16384, 32768)
 IMPLS = ("dash", "dash-det", "fa4", "fa4-det")
 
 
-def visible_pairs(seqlen_q: int, seqlen_k: int, window: tuple[int, int]) -> int:
-    """Query-key pairs a bottom-right aligned window lets through (-1 = unbounded side)."""
-    import numpy as np
-
-    i = np.arange(seqlen_q, dtype=np.int64) + (seqlen_k - seqlen_q)
-    lo = np.zeros_like(i) if window[0] < 0 else np.maximum(i - window[0], 0)
-    hi = np.full_like(i, seqlen_k - 1) if window[1] < 0 else np.minimum(i + window[1], seqlen_k - 1)
-    return int(np.maximum(hi - lo + 1, 0).sum())
-
-
 def make_fn(impl: str, window: tuple[int, int], sink):
     """fn(q, k, v) -> out for (b, s, h, d) tensors (``sink``: None or the (heads,) learnable sink logits); raises
     bc.ImplUnavailable where the implementation is missing."""
@@ -110,7 +100,7 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
         for t in (q, k, v):
             t.requires_grad_(True)
         sets.append((q, k, v, do))
-    flops = 4.0 * spec["heads"] * spec["hdim"] * visible_pairs(seqlen, seqlen, spec["window"])
+    flops = 4.0 * spec["heads"] * spec["hdim"] * bc.visible_pairs(seqlen, seqlen, spec["window"])
     stage = bc.Stage()
     t0 = time.monotonic()
     try:

@@ -348,11 +348,13 @@ def torch_deterministic(flag: bool):
 
 # --------------------------------------------------------------------------- reference + tolerance
 def attention_ref(q, k, v, causal: bool, scale: Optional[float] = None, upcast: bool = True,
-                  rows=None):
+                  rows=None, window_left: Optional[int] = None, sink=None):
     """Plain attention on (b, s, h, d) tensors; causal is bottom-right aligned; GQA by repeat.
     upcast=True: fp32 math (the reference); False: same math in the input dtype (scores and
     P@V in the input dtype, softmax in fp32), the 'x_pt' of the dash.md tolerance rule.
     rows: optional LongTensor of query positions to evaluate (cheap slice check).
+    window_left: with causal, a sliding window: query i also sees no key before i + sk - sq - window_left.
+    sink: optional (h,) learnable sink logits (gpt-oss: each row's softmax denominator gains exp(sink_h)).
     Returns (b, len(rows) or sq, h, d) in the input dtype when upcast=False, fp32 otherwise."""
     import torch
     sq, sk, h, hk, d = q.shape[1], k.shape[1], q.shape[2], k.shape[2], q.shape[3]
@@ -368,10 +370,29 @@ def attention_ref(q, k, v, causal: bool, scale: Optional[float] = None, upcast: 
     scores = torch.einsum("brhd,bshd->bhrs", qs, k) * scale
     if causal:
         kpos = torch.arange(sk, device=q.device)
-        masked = kpos[None, :] > (rows[:, None] + (sk - sq))
+        diag = rows[:, None] + (sk - sq)
+        masked = kpos[None, :] > diag
+        if window_left is not None:
+            masked = masked | (kpos[None, :] < diag - window_left)
         scores = scores.masked_fill(masked, float("-inf"))
-    p = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    scores = scores.float()
+    if sink is not None:  # one more column per row that takes no value
+        column = sink.float().view(1, h, 1, 1).expand(*scores.shape[:3], 1)
+        p = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1].to(v.dtype)
+    else:
+        p = torch.softmax(scores, dim=-1).to(v.dtype)
     return torch.einsum("bhrs,bshd->brhd", p, v)
+
+
+def visible_pairs(seqlen_q: int, seqlen_k: int, window: tuple) -> int:
+    """Query-key pairs a bottom-right aligned window (FlashAttention's window_size, -1 = unbounded side) lets
+    through."""
+    import numpy as np
+
+    i = np.arange(seqlen_q, dtype=np.int64) + (seqlen_k - seqlen_q)
+    lo = np.zeros_like(i) if window[0] < 0 else np.maximum(i - window[0], 0)
+    hi = np.full_like(i, seqlen_k - 1) if window[1] < 0 else np.minimum(i + window[1], seqlen_k - 1)
+    return int(np.maximum(hi - lo + 1, 0).sum())
 
 
 def tol_check(x, ref, pt) -> dict:

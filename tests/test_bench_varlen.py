@@ -202,8 +202,10 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "flash_attn.cute", None)  # FA4 absent, also where it is installed
     make_fn = bv.make_fn
 
-    def nested_on_math(impl, pack, causal, cu):  # reaches the first call, where the math backend refuses causal
-        return bv.nested_sdpa_fn(pack, causal, cu, "MATH") if impl.family == "sdpa" else make_fn(impl, pack, causal, cu)
+    def nested_on_math(impl, pack, causal, cu, *features):  # reaches the first call, where math refuses causal
+        if impl.family == "sdpa":
+            return bv.nested_sdpa_fn(pack, causal, cu, "MATH")
+        return make_fn(impl, pack, causal, cu, *features)
     monkeypatch.setattr(bv, "make_fn", nested_on_math)
     out = tmp_path / "varlen.json"
     code = bv.main(["--pack-tokens", "256", "--seeds", "0", "--tokens", "256", "--seqlen", "128", "--mask", "causal",
@@ -240,6 +242,46 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             assert r["status"] == "skipped" and r["stage"] == "first_call" and "No viable backend" in r["reason"]
     assert rows[("dash-varlen-det", "pareto")]["schedule_used"] == {"descending": len(bv.pareto_pack(256, 0).lengths)}
     assert rows[("dash-dense-det-descending", "uniform")]["schedule_used"] == "descending"
+
+
+@pytest.mark.parametrize("lengths", [[1], [2, 1, 5], [17, 3, 64, 1, 9], [300, 7]])
+@pytest.mark.parametrize("left", [0, 4, 127])
+def test_windowed_pack_flops_against_a_brute_force_count(lengths, left):
+    want = 4 * 3 * 16 * sum(1 for n in lengths for i in range(n) for j in range(n) if i - left <= j <= i)
+    assert bv.pack_fwd_flops(lengths, 3, 16, True, left) == want
+
+
+def test_window_needs_the_causal_masks():
+    with pytest.raises(SystemExit, match="--window runs on the causal masks"):
+        plan("--window", "127", "--mask", "full,causal")
+    with pytest.raises(SystemExit, match="--window must be >= 0"):
+        plan("--window", "-2")
+    shapes, _ = plan("--window", "127", "--sink", "--packs", "uniform")
+    assert {(sh["mask"], sh["window_left"], sh["sink"]) for sh in shapes} == {("causal", 127, True)}
+
+
+def test_cpu_self_test_with_a_window_and_sinks(tmp_path, monkeypatch):
+    """gpt-oss-shaped rows on the CPU reference: ours run the window and the sinks (checked against the benchmark's own
+    reference with both, and bit for bit against per-document dense calls), cuDNN's nested rows say why they cannot."""
+    pytest.importorskip("torch")
+    monkeypatch.setenv("FAD_BENCH_CPU", "1")
+    monkeypatch.setattr(bc, "MIN_ITERS", 1)
+    monkeypatch.setitem(sys.modules, "flash_attn.cute", None)
+    out = tmp_path / "varlen.json"
+    code = bv.main(["--pack-tokens", "512", "--seeds", "0", "--packs", "pareto", "--hidden", "128", "--hdim", "64",
+                    "--heads-k", "1", "--window", "127", "--sink", "--check-tokens", "512", "--iters", "1",
+                    "--warmup", "0", "--sets", "1", "--repeats", "2", "--pad-us", "0", "--json", str(out), "--impl",
+                    "dash-varlen-det,dash-varlen,cudnn-varlen"])
+    assert code == 0
+    rows = {r["impl"]: r for r in json.loads(out.read_text())["rows"]}
+    pack = bv.pareto_pack(512, 0)
+    for impl in ("dash-varlen-det", "dash-varlen"):
+        r = rows[impl]
+        assert r["status"] == "ok", r.get("reason")
+        assert (r["window_left"], r["sink"]) == (127, True)
+        assert r["fwd"]["flops"] == bv.pack_fwd_flops(pack.lengths, 2, 64, True, 127)
+        assert r["check"]["ok"] is True and r["check"]["small"]["bitwise_vs_dense"] is True
+    assert rows["cudnn-varlen"]["status"] == "skipped" and "sliding window" in rows["cudnn-varlen"]["reason"]
 
 
 def test_no_cuda_exits_with_code_2(monkeypatch, capsys):

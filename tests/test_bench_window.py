@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from benchmarks import bench_window
+from benchmarks import common as bc
 from flash_attn_dash.reference import visible_mask
 
 
@@ -15,7 +16,7 @@ from flash_attn_dash.reference import visible_mask
                                            (64, 64, (-1, -1)), (100, 80, (0, 0))])
 def test_visible_pairs_is_the_masks_count(sq, sk, window):
     mask = visible_mask(sq, sk, causal=False, window_size=window)
-    assert bench_window.visible_pairs(sq, sk, window) == int(mask.sum())
+    assert bc.visible_pairs(sq, sk, window) == int(mask.sum())
 
 
 def test_cpu_self_test(monkeypatch, tmp_path):
