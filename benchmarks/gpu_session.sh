@@ -2,13 +2,14 @@
 # One GPU-machine call: build, GPU tests, compute-sanitizer, benchmarks (in that order, most important first).
 #
 #   benchmarks/gpu_session.sh OUTDIR [steps...]
-#   steps: build tests sanitize bench (quick) bench-attn bench-block bench-varlen bench-window
+#   steps: build tests sanitize bench (quick) bench-attn bench-block bench-varlen bench-window ncu
 #   (default: build tests sanitize bench)
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
 # TESTS (default: every tests/*_gpu.py and the timeline test), SANITIZE_PASSES (bwd fwd),
 # SANITIZE_TOOLS (racecheck synccheck),
-# ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks). FlashAttention-4 rows need FA4 importable: source
+# ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks), NCU_ARGS / NCU_TAG (the ncu step: research/ncu_attn.py's
+# arguments and the name of its text reports). FlashAttention-4 rows need FA4 importable: source
 # .fa4/pK/stage.sh first (../shared/tools/fa4/prepare.sh). Logs and this call's new results come back in OUTDIR as
 # two tars (logs.tar, results.tar) and summary.txt.
 set -u -o pipefail
@@ -73,6 +74,19 @@ if has bench-window; then  # gpt-oss / Mistral windows and the causal baseline, 
   timeout 420 python3 benchmarks/bench_window.py ${WINDOW_ARGS:-} \
     --json "benchmarks/results/$(date -u +%F-%H%M)-window.json" > "$LOG/bench-window.log" 2>&1
   summary+=("bench-window rc $?")
+  pack
+fi
+if has ncu; then  # Nsight Compute side by side (research/ncu_attn.py NCU_ARGS): stall and instruction text, gzipped
+  rep="$OUTDIR/ncu-${NCU_TAG:-probe}"
+  timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none --section SpeedOfLight \
+    --section WarpStateStats --section SourceCounters --section InstructionStats --section SchedulerStats \
+    --section LaunchStats --section Occupancy -f -o "$rep" python3 research/ncu_attn.py ${NCU_ARGS:-} \
+    > "$LOG/ncu-${NCU_TAG:-probe}.log" 2>&1
+  summary+=("ncu ${NCU_TAG:-probe} rc $?")
+  ncu -i "$rep.ncu-rep" --page details --print-details all 2>&1 | gzip > "$rep-details.txt.gz"
+  ncu -i "$rep.ncu-rep" --page raw --csv 2>&1 | gzip > "$rep-raw.csv.gz"
+  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$rep-sass.csv.gz"
+  rm -f "$rep.ncu-rep"
   pack
 fi
 pack && rm -rf "$LOG"
