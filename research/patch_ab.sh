@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# One device call: the installed build against a source patch, timed in the same call.
+# One device call: the installed build against source patches, each timed in the same call.
 #
 #   research/patch_ab.sh OUTDIR PATCH [PATCH ...]
 #
-# Times benchmarks/bench_attn.py $BENCH_ARGS on the installed build, applies each PATCH in turn on top of the
-# previous ones (git apply), rebuilds in place (pip install -e: only the translation units the patch touches
-# recompile), times again and prints research/compare_runs.py's ratios of every build to the first. Use it on a
-# machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in BENCH_ARGS (e.g.
-# fa4): their ratio between runs is the noise of the call. The tree is left patched. Everything lands in one
-# gzipped tar, OUTDIR/ab.tgz (the device returns few files).
+# Times benchmarks/bench_attn.py $BENCH_ARGS on the installed build, then each PATCH alone on the clean tree (git
+# apply, rebuilt in place with the build knobs $AB_BUILD, by default bf16 and hdim 64/128 only: the kernels a bench
+# of those rows runs are the same whatever else is built, and fewer translation units compile), and prints
+# research/compare_runs.py's ratios of every variant to the installed build. Use it on a machine that already holds
+# a build (benchmarks/gpu_session.sh build) and keep a peer's rows in BENCH_ARGS (e.g. fa4): their ratio between
+# runs is the noise of the call. The tree is restored, the last variant's build stays installed. Everything lands
+# in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
 set -u -o pipefail
 OUTDIR=${1:?usage: patch_ab.sh OUTDIR PATCH [PATCH ...]}
 shift
@@ -18,6 +19,7 @@ AB="$OUTDIR/ab"
 mkdir -p "$AB"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 BENCH_ARGS=${BENCH_ARGS:---impl dash,dash-det,fa4 --hdim 64,128 --seqlen 2k,8k,16k}
+AB_BUILD=${AB_BUILD:-FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128}
 bench() {  # bench NAME: one bench_attn.py run into $AB
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-200}" python3 benchmarks/bench_attn.py $BENCH_ARGS --json "$AB/bench-$1.json" \
@@ -29,13 +31,17 @@ bench installed
 jsons=()
 for patch in "$@"; do
   name=$(basename "$patch" .patch)
-  git apply "$patch" || { echo "$name: does not apply"; finish; exit 1; }
+  git apply "$patch" || { echo "$name: does not apply"; continue; }
   SECONDS=0
-  python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1 \
-    || { echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"; finish; exit 1; }
-  echo "$name: built in ${SECONDS}s"
-  bench "$name"
-  jsons+=("$AB/bench-$name.json")
+  # shellcheck disable=SC2086
+  if env $AB_BUILD python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
+    echo "$name: built in ${SECONDS}s"
+    bench "$name"
+    jsons+=("$AB/bench-$name.json")
+  else
+    echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
+  fi
+  git apply -R "$patch"
 done
-python3 research/compare_runs.py "$AB/bench-installed.json" "${jsons[@]}" | tee "$AB/compare.txt"
+[ "${#jsons[@]}" -gt 0 ] && python3 research/compare_runs.py "$AB/bench-installed.json" "${jsons[@]}" | tee "$AB/compare.txt"
 finish
