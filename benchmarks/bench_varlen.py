@@ -15,8 +15,7 @@ Implementations (--impl, keys / groups / fnmatch patterns as bench_attn.py):
   dash-varlen, dash-varlen-det           ours, flash_attn_dash.flash_attn_varlen_func (det: schedule "auto");
   dash-varlen-kernels, dash-varlen-kernels-det
                                          the same with the varlen kernels forced on for the row (the gates
-                                         varlen_cuda.FWD/BWD_KERNEL_VALIDATED and launch.VARLEN_FOLD_VALIDATED,
-                                         before their GPU tests lift them);
+                                         varlen_cuda.FWD/BWD_KERNEL_VALIDATED);
   dash-dense, dash-dense-det, dash-dense-det-descending
                                          ours, flash_attn_func on the (batch, seqlen) view of a uniform pack (the
                                          varlen-vs-dense comparison at equal shapes; "descending" is the order
@@ -224,13 +223,12 @@ def forced_varlen_kernels(on: bool):
         yield
         return
     vc = importlib.import_module("flash_attn_dash.varlen_cuda")
-    la = importlib.import_module("flash_attn_dash.launch")
-    saved = vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED, la.VARLEN_FOLD_VALIDATED
-    vc.FWD_KERNEL_VALIDATED = vc.BWD_KERNEL_VALIDATED = la.VARLEN_FOLD_VALIDATED = True
+    saved = vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED
+    vc.FWD_KERNEL_VALIDATED = vc.BWD_KERNEL_VALIDATED = True
     try:
         yield
     finally:
-        vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED, la.VARLEN_FOLD_VALIDATED = saved
+        vc.FWD_KERNEL_VALIDATED, vc.BWD_KERNEL_VALIDATED = saved
 
 
 def features_kw(window_left: Optional[int], sink) -> dict:

@@ -175,12 +175,6 @@ VARLEN_AUTO = "descending"
 VARLEN_KERNEL_NONDETERMINISTIC_WALK = "descending"
 
 
-# Whether the varlen backward kernel folds GQA siblings (the folded varlen kernels, hopper/bwd/tiles.hpp): switched on
-# once tests/test_varlen_kernel_gpu.py holds them to the per-sequence path's bits on the GPU. Until then deterministic
-# packs the dense backward would fold run one dense backward per sequence, and non-deterministic ones unfolded.
-VARLEN_FOLD_VALIDATED = False
-
-
 @dataclass(frozen=True)
 class VarlenKernelLaunch:
     """The varlen backward kernel's launch for a pack: the ``order`` every sequence walks, the ``grid`` and the GQA
@@ -213,8 +207,7 @@ def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, tota
     ``window``: the kernels' for the pack (:func:`.features.kernel_mask` at the maximum lengths), ``causal``: the
     call's. GQA packs on a window the dense backward folds (:func:`gqa_fold`) fold the sequences whose dense calls
     fold (:func:`varlen_fold_lengths`; a sequence's own window only unbounds sides, so where the pack's does not
-    fold, no sequence's does) where :data:`VARLEN_FOLD_VALIDATED`; without it such a deterministic pack answers None
-    (a folded dense backward sums the siblings' dK/dV in other bits than an unfolded one)."""
+    fold, no sequence's does): each sequence sums its siblings' dK/dV as its dense call does."""
     order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
     if order not in PORTABLE_SCHEDULES:
         return None
@@ -225,8 +218,6 @@ def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, tota
     grid = max(1, min(num_sms, heads * (total_k // block_n + batch)))
     if not fold:
         return VarlenKernelLaunch(order, grid)
-    if not VARLEN_FOLD_VALIDATED:
-        return None if deterministic else VarlenKernelLaunch(order, grid)
     return VarlenKernelLaunch(order, grid, True, *varlen_fold_lengths(causal, window))
 
 

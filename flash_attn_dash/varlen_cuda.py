@@ -6,9 +6,8 @@ The varlen ops (:mod:`.varlen_ops`) call nothing else on CUDA tensors. Two paths
   offsets read and checked on the device, no host sync, so CUDA-graph capturable), where
   :data:`FWD_KERNEL_VALIDATED` / :data:`BWD_KERNEL_VALIDATED` say they passed their GPU tests; the backward kernel
   runs the portable orders (:func:`.launch.varlen_kernel_launch`);
-* otherwise (and for a deterministic backward asking for ``shift`` or ``symmetric_shift``, or a deterministic GQA
-  backward on a window the dense backward folds until the folded varlen kernels are validated,
-  :data:`.launch.VARLEN_FOLD_VALIDATED`), one dense kernel call per sequence (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one
+* otherwise (and for a deterministic backward asking for ``shift`` or ``symmetric_shift``), one dense kernel call per
+  sequence (:mod:`.varlen_per_sequence`): correct, but reading ``cu_seqlens_*``/``seqused_*`` costs one
   device-to-host copy (a stream sync) per pass (:func:`.varlen_layout.read_layout`), and many short sequences are
   launch-bound.
 Both give a sequence the bits of its dense call: the kernel runs its tiles, masks and orders relative to the

@@ -47,20 +47,22 @@ def main():
 
 def varlen() -> None:
     """Small GQA packs through the varlen backward kernel (prepare CTA, table claims, per-sequence workspace tiles,
-    pre/postprocess over them), every order it runs, with and without a sink, and the GQA-folded kernels on a
-    window (launch.VARLEN_FOLD_VALIDATED forced: its sequences fold or not by their lengths)."""
+    pre/postprocess over them), every order it runs, with and without a sink; GQA on a narrow window runs the folded
+    kernels (launch.varlen_kernel_launch: each sequence folds or not by its lengths), MHA on it the plain window
+    kernels."""
     from varlen_packs import sanitize_pack
 
-    from flash_attn_dash import launch, varlen_cuda
+    from flash_attn_dash import varlen_cuda
 
     for d in gpu_head_dims():
-        q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
+        q, k_gqa, v_gqa, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
         do = torch.randn_like(q)
         sink2 = torch.randn(2, device="cuda")
-        for causal, window, sink, fold in ((False, (-1, -1), None, False), (True, (-1, -1), None, False),
-                                           (True, (128, 0), None, False), (True, (-1, -1), sink2, False),
-                                           (True, (128, 0), None, True), (False, (64, 32), sink2, True)):
-            launch.VARLEN_FOLD_VALIDATED = fold
+        # (causal, window, sink, MHA): the MHA band runs the plain window kernels, the GQA bands fold.
+        for causal, window, sink, mha in ((False, (-1, -1), None, False), (True, (-1, -1), None, False),
+                                          (True, (128, 0), None, True), (True, (-1, -1), sink2, False),
+                                          (True, (128, 0), None, False), (False, (64, 32), sink2, False)):
+            k, v = (t.repeat(1, 2, 1) for t in (k_gqa, v_gqa)) if mha else (k_gqa, v_gqa)
             out, lse = varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, 0,
                                                   window, 0.0, sink)
             for det, sched in ((False, "auto"), (True, "ascending"), (True, "descending")):
@@ -71,8 +73,7 @@ def varlen() -> None:
                 torch.cuda.synchronize()
                 varlen_cuda.raise_pending_error(q.device)
                 print(f"ok varlen d={d} causal={causal} window={window} sink={sink is not None} det={det} "
-                      f"schedule={sched} fold={fold} ran={ran}")
-        launch.VARLEN_FOLD_VALIDATED = False
+                      f"schedule={sched} mha={mha} ran={ran}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import torch
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
-from flash_attn_dash import flash_attn_varlen_func, launch, varlen_cuda
+from flash_attn_dash import flash_attn_varlen_func, varlen_cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -250,7 +250,7 @@ def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkey
 @pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
-    # GQA, except on the windows the dense backward folds GQA siblings on (the next test).
+    # GQA, except on the windows the dense backward folds GQA siblings on (the folded kernels' own test below).
     heads_k = 8 if "window_size" in features else 2
     pack = _random_pack(head_dim + 1, 9, 900, 8, heads_k, head_dim, torch.bfloat16, same_lengths=False, used=False)
     features = _features(features, 8)
@@ -261,21 +261,6 @@ def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch,
         torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("window", [(128, 0), (64, 32)], ids=["causal-band", "two-sided"])
-def test_gqa_on_a_folded_window_runs_each_sequence_densely_when_deterministic(monkeypatch, window):
-    """A deterministic GQA pack on a window the dense backward folds siblings on (launch.gqa_fold) runs each
-    sequence's dense backward (the varlen kernel does not fold: its dK/dV sums take other bits); a non-deterministic
-    one runs the kernel, close to them."""
-    pack = _random_pack(11, 9, 900, 8, 2, 128, torch.bfloat16, same_lengths=False, used=False)
-    features = dict(causal=window[1] == 0, window_size=window)
-    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, kernel_runs=False, **features)
-    for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
-        assert torch.equal(g, w), f"{name} differs"
-    _, nondet = _both_backwards(pack, _dout(pack), monkeypatch, False, kernel_runs=True, **features)
-    for name, d, n in zip(("dq", "dk", "dv"), want[:3], nondet[:3]):
-        torch.testing.assert_close(n.float(), d.float(), rtol=2e-2, atol=2e-2, msg=name)
-
-
 @pytest.mark.parametrize("head_dim", [64, 96, 128])
 @pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
 @pytest.mark.parametrize("features", [dict(causal=True, window_size=(128, 0)), dict(causal=False, window_size=(64, 32)),
@@ -283,11 +268,10 @@ def test_gqa_on_a_folded_window_runs_each_sequence_densely_when_deterministic(mo
                                       dict(causal=True, window_size=(128, 0), sink=True)],
                          ids=["causal-band", "two-sided", "right-0", "band-sink"])
 def test_folded_varlen_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, used, features):
-    """The folded varlen kernels (launch.VARLEN_FOLD_VALIDATED): a GQA pack on a window the dense backward folds runs
-    in one launch, and each sequence gets its dense call's bits, whether it folds (long enough to keep both sides of
+    """The folded varlen kernels: a GQA pack on a window the dense backward folds (launch.gqa_fold) runs in one
+    launch, and each sequence gets its dense call's bits, whether it folds (long enough to keep both sides of
     the window) or not (short: one side clips nothing, so its dense call runs another mask, unfolded); the
     non-deterministic kernel within the tolerance of them."""
-    monkeypatch.setattr(launch, "VARLEN_FOLD_VALIDATED", True)
     lens_q = [0, 1, 2, 50, 129, 130, 131, 400, 900, 77, 34, 33]
     lens_k = [5, 1, 130, 50, 129, 131, 300, 400, 900, 0, 66, 66]
     gen = torch.Generator().manual_seed(head_dim)

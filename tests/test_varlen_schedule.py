@@ -166,31 +166,13 @@ def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, or
 
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("heads_k", [16, 4])
-@pytest.mark.parametrize("window", [(-1, -1), (-1, 0), (128, 0), (64, 32), (4000, 0)])
-def test_varlen_kernel_leaves_folded_windows_to_the_dense_backwards(deterministic, heads_k, window):
-    """Deterministic GQA packs on a window the dense backward folds siblings on (launch.gqa_fold, from the window
-    alone) get None: the varlen kernel does not fold, and folded dK/dV sums take other bits. Everything else runs."""
-    from flash_attn_dash.launch import gqa_fold, varlen_kernel_launch
-    from flash_attn_dash.schedule.tiles import band_steps
-    block_m, block_n = variants.bwd_tile(128)
-    folds = window not in ((-1, -1), (-1, 0)) and gqa_fold(16, heads_k, band_steps(window, block_m, block_n))
-    assert folds == (heads_k == 4 and window in ((128, 0), (64, 32)))
-    decided = varlen_kernel_launch(deterministic, "auto", 128, 10_000, 7, 16, 132, heads_k, window)
-    assert (decided is None) == (deterministic and folds)
-    assert decided is None or not decided.gqa_fold
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-@pytest.mark.parametrize("heads_k", [16, 4])
 @pytest.mark.parametrize("causal,window", [(False, (-1, -1)), (True, (-1, 0)), (True, (128, 0)), (False, (64, 32)),
                                            (False, (128, 0)), (True, (4000, 0))])
-def test_validated_varlen_fold_folds_where_the_dense_backward_folds(monkeypatch, deterministic, heads_k, causal,
-                                                                    window):
-    """With the folded varlen kernels switched on, a pack folds exactly where launch.gqa_fold folds its window, in
-    both modes, and hands the kernel the lengths of varlen_fold_lengths."""
+def test_varlen_fold_folds_where_the_dense_backward_folds(deterministic, heads_k, causal, window):
+    """A pack folds exactly where launch.gqa_fold folds its window, in both modes, and hands the kernel the lengths of
+    varlen_fold_lengths."""
     from flash_attn_dash import launch
     from flash_attn_dash.schedule.tiles import band_steps
-    monkeypatch.setattr(launch, "VARLEN_FOLD_VALIDATED", True)
     block_m, block_n = variants.bwd_tile(128)
     folds = window not in ((-1, -1), (-1, 0)) and launch.gqa_fold(16, heads_k, band_steps(window, block_m, block_n))
     decided = launch.varlen_kernel_launch(deterministic, "auto", 128, 10_000, 7, 16, 132, heads_k, window, causal)
