@@ -35,7 +35,7 @@ def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
 
 
 @pytest.mark.parametrize("script", ["fwd_variants.py", "fwd_overhead.py", "ncu_attn.py", "profile_bwd.py",
-                                    "bwd_timeline.py", "sass_diff.py"])
+                                    "bwd_timeline.py", "sass_diff.py", "ncu_sass.py"])
 def test_cli_help(script):
     r = _run([os.path.join("research", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -62,3 +62,30 @@ def test_sass_diff_register_renaming():
     assert not registers_renamed(a, ["IMAD R7, R2, R3, RZ", "ISETP.GE.AND P1, PT, R1, UR4, PT"])  # R1 -> R7 and R1
     assert not registers_renamed(a, ["IMAD R7, R2, R2, RZ", "ISETP.GE.AND P1, PT, R7, UR4, PT"])  # R2, R3 -> R2
     assert not registers_renamed(a, a[:1])
+
+
+def test_ncu_sass_reads_the_step_loop_and_keeps_same_named_kernels_apart(tmp_path):
+    """research/ncu_sass.py on a two-kernel source page: a block repeated verbatim is dropped, a different kernel of
+    the same name (a JIT's two builds) is kept, and the step loop is the instructions executed as often as the most
+    frequent HGMMA."""
+    from research import ncu_sass
+
+    header = ('"Address","Source","Warp Stall Sampling (All Samples)","Warp Stall Sampling (Not-issued Samples)",'
+              '"Instructions Executed","stall_short_sb","stall_wait"')
+
+    def block(name, rows):
+        lines = [f'"Kernel Name","{name}",', header]
+        lines += [f'"0x{i:x}","{src}","{smp}","0","{ex}","{sb}","{smp - sb}"' for i, (src, smp, ex, sb) in enumerate(rows)]
+        return "\n".join(lines)
+
+    a = [("HGMMA.64x64x16.F32.BF16 R1, gdesc[UR4], RZ", 5, 64, 0), ("FFMA R2, R3, R4, R5", 30, 64, 30),
+         ("@!P0 BRA 0x10", 2, 8, 0)]
+    b = [("HGMMA.64x80x16.F32.BF16 R1, gdesc[UR4], RZ", 5, 40, 0), ("MUFU.EX2 R2, R2", 1, 40, 0)]
+    path = tmp_path / "sass.csv"
+    path.write_text("\n".join([block("k1", a), block("k1", a), block("k1", b)]) + "\n")
+    kernels = ncu_sass.read_kernels(path)
+    assert [(n, len(r)) for n, r in kernels] == [("k1", 3), ("k1", 2)]
+    text = ncu_sass.summarize(kernels[0][1], top=2)
+    assert "step loop: 2 instructions per warp and step (64 executions each), 1 HGMMA" in text
+    assert "short_sb 81.1%" in text and "FFMA R2, R3, R4, R5" in text.splitlines()[-2]
+    assert ncu_sass.opcode("@!P0  BRA 0x10") == "BRA" and ncu_sass.opcode("  HGMMA.64x64x16 R1") == "HGMMA"
