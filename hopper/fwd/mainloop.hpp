@@ -306,7 +306,7 @@ struct FwdMainloopSm90 {
 
         // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
         // after the last tile).
-        auto flush = [&]() {
+        auto flush = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
             pipe_v.consumer_wait(st_v);
             scheduler_sync(wg);
             wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
@@ -372,7 +372,7 @@ struct FwdMainloopSm90 {
             // tile-start work are chosen outside that window. Without it the step keeps the order that
             // measured best with 3 consumer WGs.
             constexpr bool kPin = Traits::kOverlapPvSoftmax;
-            auto step = [&](auto const& mask, bool first) {
+            auto step = [&](auto const& mask, bool first) CUTLASS_LAMBDA_FUNC_INLINE {
                 // On a tile's first step the pending PV is the previous tile's last: its row stats are final.
                 auto finalize_previous = [&]() {
                     finalize(pv_tile);
