@@ -49,12 +49,20 @@ class FwdTile:
 class BwdTile:
     """One backward kernel configuration: ``block_m`` x ``block_n`` tiles (Q rows x K/V rows) and the ``setmaxnreg``
     split between the producer/dQ-store warpgroup and the two MMA warpgroups (it must fit the launch allocation of
-    168 registers x 384 threads)."""
+    168 registers x 384 threads).
+
+    ``q_stages`` / ``do_stages``: shared-memory stages of Q and of dO. ``swap_dkv``: dK and dV are computed transposed
+    (dV^T = dO^T P, head dim on the WGMMA M axis, P and dS through shared memory), so each MMA warpgroup holds half
+    of them: what head dims above 128 need (``hopper/bwd/traits.hpp``).
+    """
 
     block_m: int
     block_n: int
     producer_regs: int
     mma_regs: int
+    q_stages: int = 2
+    do_stages: int = 2
+    swap_dkv: bool = False
 
 
 @dataclass(frozen=True)
@@ -96,6 +104,19 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_full=FwdTile(128, 128, kv_stages=2, q_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 128, kv_stages=2, q_stages=2),
             bwd=BwdTile(64, 128, producer_regs=40, mma_regs=232)),
+    # Not in the default build until their GPU tests pass. Forward: Q (one stage) and two K/V stages fill the shared
+    # memory, so O leaves from registers (FwdKernelTraits::kStagedO). Backward: swapped dK/dV; Q, dO, K, V, P, dS and
+    # the fp32 dQ hand-off buffer (64 x d) fill the shared memory at these tiles with one dO stage.
+    HeadDim(192, 192,
+            fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 96, kv_stages=2),
+            bwd=BwdTile(64, 96, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
+            default_build=False),
+    HeadDim(256, 256,
+            fwd_full=FwdTile(128, 64, kv_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 64, kv_stages=2),
+            bwd=BwdTile(64, 48, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
+            default_build=False),
 )
 
 

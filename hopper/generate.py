@@ -57,11 +57,24 @@ def fwd_unit(v: V.Variant) -> str:
             "}\n\n}  // namespace flash_dash\n")
 
 
+def bwd_gmma_n(h: V.HeadDim) -> set[int]:
+    """The GMMA N extents of the backward kernel of ``h`` (as ``hopper/bwd/traits.hpp`` splits its GEMMs over the two
+    MMA warpgroups)."""
+    t = h.bwd
+    dq_n = h.qk if t.block_m == 128 else h.qk // 2  # 64-row tiles split the dQ GEMM's N over the warpgroups
+    if not t.swap_dkv:
+        return {t.block_m, h.qk, h.v, dq_n}  # S^T and dP^T, dK and dV (the WGs split the keys: M), dQ
+    dkv_n = t.block_n if h.qk % 128 == 0 else t.block_n // 2  # the WGs split dK^T/dV^T's head dim, else its keys
+    return {t.block_n // 2, dkv_n, dq_n}  # S and dP (the WGs split the keys), dK^T and dV^T, dQ
+
+
 def bwd_unit(v: V.Variant) -> str:
     h, t = v.head, v.head.bwd
-    traits = f"bwd::BwdTraits<{ELEMENT[v.dtype]}, {h.qk}, {t.block_m}, {t.block_n}, {t.producer_regs}, {t.mma_regs}>"
-    dq_n = h.qk if t.block_m == 128 else h.qk // 2  # 64-row tiles split the dQ GEMM's N over the warpgroups
-    return (HEADER + _prologue({t.block_m, h.qk, h.v, dq_n}) + '#include "bwd/launch.h"\n\nnamespace flash_dash {\n\n'
+    args = [ELEMENT[v.dtype], h.qk, t.block_m, t.block_n, t.producer_regs, t.mma_regs]
+    if (t.q_stages, t.do_stages, t.swap_dkv) != (2, 2, False):  # BwdTraits' defaults
+        args += [t.q_stages, t.do_stages, str(t.swap_dkv).lower()]
+    traits = f"bwd::BwdTraits<{', '.join(str(a) for a in args)}>"
+    return (HEADER + _prologue(bwd_gmma_n(h)) + '#include "bwd/launch.h"\n\nnamespace flash_dash {\n\n'
             f"using Traits_{v.name} = {traits};\n\n"
             f"size_t workspace_{v.name}(BwdParams const& params) {{\n"
             f"    return bwd::workspace_layout<Traits_{v.name}>(params).total;\n}}\n\n"
