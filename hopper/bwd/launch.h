@@ -237,6 +237,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     if (w.gqa) { check_cuda(cudaMemsetAsync(ws + w.dk_accum, 0, w.varlen - w.dk_accum, stream), "memset dkv accum"); }
     VarlenWorkspace vw{};
     if (varlen) {
+        static_assert(kBlockN >= kVarlenMinRows, "the binding checks a pack's tile count for kVarlenMinRows-row blocks");
         // The tiles are the sequences' key blocks; the views count query and key tiles for the workspace layout.
         vw = varlen_workspace(ws + w.varlen, p.batch);
         VarlenArgs a = p.varlen;
@@ -349,10 +350,14 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     post.scale = p.softmax_scale;
     post.varlen_seqs = vw.seqs;
     post.sched = kp.sched;
+    constexpr int kPostSmem = DqPostprocessTile<Traits>::kDynamicBytes;
     if (varlen) {
-        bwd_postprocess_dq_kernel<Traits, true><<<dim3(M, p.num_heads, 1), kPostprocessThreads, 0, stream>>>(post);
+        if constexpr (kPostSmem > 0) { allow_dynamic_smem<&bwd_postprocess_dq_kernel<Traits, true>>(kPostSmem); }
+        bwd_postprocess_dq_kernel<Traits, true><<<dim3(M, p.num_heads, 1), kPostprocessThreads, kPostSmem, stream>>>(post);
     } else {
-        bwd_postprocess_dq_kernel<Traits, false><<<dim3(M, p.num_heads, p.batch), kPostprocessThreads, 0, stream>>>(post);
+        if constexpr (kPostSmem > 0) { allow_dynamic_smem<&bwd_postprocess_dq_kernel<Traits, false>>(kPostSmem); }
+        bwd_postprocess_dq_kernel<Traits, false><<<dim3(M, p.num_heads, p.batch), kPostprocessThreads, kPostSmem,
+                                                   stream>>>(post);
     }
     check_launch("postprocess dq launch");
     if (w.gqa) {

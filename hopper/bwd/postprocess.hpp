@@ -29,15 +29,33 @@ struct PostprocessParams {
 // MMA-order 4-byte stores it replaces ran at ~1.2 TB/s (170 us of a 16k-token backward on an H200).
 constexpr int kPostprocessThreads = 256;
 
+// The dQ postprocess's shared-memory tile (kBlockM rows, row pitch + 8 floats: the float2 writes of a half-warp,
+// 4 rows x 8 columns, hit 32 distinct banks): static up to 48 KB, else dynamic (hdim 192 and 256; the launcher opts in
+// to kBytes).
+template <class Traits>
+struct DqPostprocessTile {
+    static constexpr int kPitch = Traits::kHeadDim + 8;
+    static constexpr int kBytes = Traits::kBlockM * kPitch * int(sizeof(float));
+    static constexpr bool kDynamic = kBytes > 48 * 1024;
+    static constexpr int kDynamicBytes = kDynamic ? kBytes : 0;
+};
+
 // Grid (M, H, B), or for a pack (m_cap, H, 1) over each head's workspace tiles.
 template <class Traits, bool Varlen>
 __global__ void __launch_bounds__(kPostprocessThreads) bwd_postprocess_dq_kernel(PostprocessParams const p) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM;
     constexpr int kHeadDim = Traits::kHeadDim;
-    // Row pitch + 8 floats: the float2 writes of a half-warp (4 rows x 8 columns) hit 32 distinct banks.
-    constexpr int kPitch = kHeadDim + 8;
-    __shared__ __align__(16) float tile[kBlockM * kPitch];
+    using Tile = DqPostprocessTile<Traits>;
+    constexpr int kPitch = Tile::kPitch;
+    float* tile;
+    if constexpr (Tile::kDynamic) {
+        extern __shared__ float4 dq_tile_dynamic[];
+        tile = reinterpret_cast<float*>(dq_tile_dynamic);
+    } else {
+        __shared__ __align__(16) float dq_tile[kBlockM * kPitch];
+        tile = dq_tile;
+    }
     int const h = blockIdx.y;
     // The tile: its query block m, its workspace tile, its valid rows, its dQ rows (from row 0 of the batch or the
     // sequence) and whether no key tile wrote it.
@@ -89,9 +107,9 @@ __global__ void __launch_bounds__(kPostprocessThreads) bwd_postprocess_dq_kernel
     // Threads per row, 4 columns each, rounded up to a power of two (a head dim that is not one leaves the last
     // threads of a row idle).
     constexpr int kCols = kHeadDim / 4;
-    constexpr int kThreadsPerRow = kCols <= 16 ? 16 : 32;
+    constexpr int kThreadsPerRow = kCols <= 16 ? 16 : (kCols <= 32 ? 32 : 64);
     constexpr int kRowsPerPass = kPostprocessThreads / kThreadsPerRow;
-    static_assert(kHeadDim % 4 == 0 && kCols <= 32 && kBlockM % kRowsPerPass == 0);
+    static_assert(kHeadDim % 4 == 0 && kCols <= 64 && kBlockM % kRowsPerPass == 0);
     int const col = (tid % kThreadsPerRow) * 4;
     dq += col;
     cutlass::NumericArrayConverter<Element, float, 4> cvt;

@@ -76,8 +76,9 @@ struct VarlenArgs {
     int64_t poison32_count;
 };
 
-// The binding sizes the tile table for blocks of at least this many rows (every kernel's blocks are larger).
-constexpr int kVarlenMinRows = 64;
+// The binding sizes the tile table for blocks of at least this many rows (the launchers static_assert it: the
+// backward's key blocks of hdim 256 have 48).
+constexpr int kVarlenMinRows = 48;
 
 // Tiles of a pack whose sequences' used lengths sum to at most `total` rows: each sequence's ceil(len / rows) is
 // at most len / rows + 1 (checked in 64 bits by the binding: the count must fit in int32).
