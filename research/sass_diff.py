@@ -30,7 +30,10 @@ _FWD2 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false
 _FWD4 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false)){3})"
 # The backward's varlen flag (Varlen, after GqaFold) likewise.
 _BWD_VARLEN = r"(bwd_kernel_sm90<.*?, (?:true|false)), (false|true)>\("
-KEY_RULES = [(re.compile(_FWD4 + r", false>"), r"\1>"),
+# The backward's stage counts and dK/dV layout (BwdTraits' last three arguments, newest of all): their defaults
+# (2, 2, false) are the configuration that existed before them.
+KEY_RULES = [(re.compile(r"(BwdTraits<[^<>]*), 2, 2, false>"), r"\1>"),
+             (re.compile(_FWD4 + r", false>"), r"\1>"),
              (re.compile(_FWD4 + r", true>"), r"\1, VARLEN>"),
              (re.compile(_BWD_VARLEN), lambda m: m.group(1) + (">(" if m.group(2) == "false" else ", VARLEN>(")),
              (re.compile(r"(bwd_(?:preprocess|postprocess_dq|sink_grad)_kernel<.*?)(>?), false>\("),

@@ -1,6 +1,8 @@
 // dK/dV epilogue of the backward kernel: scale dK, then either store both in the input dtype
 // (no GQA, or GQA-folded tiles, which hold every sibling's sum; rows >= sk are not written) or add them in fp32
 // into the GQA accumulators (deterministic mode: in the order rank = h % group, one counter per (n, b, kv head)).
+// Swapped dK/dV (Traits::kSwapdKV) hold dK^T and dV^T: the same writes, element by element (an accumulator's
+// neighbours are then adjacent keys, not adjacent columns).
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -26,8 +28,12 @@ struct BwdEpilogue {
         constexpr int kBlockN = Traits::kBlockN;
         constexpr int kHeadDim = Traits::kHeadDim;
         auto thr = mma_dkv.get_thread_slice(tid);
-        Tensor cKV = make_identity_tensor(Shape<typename Traits::TileN, typename Traits::TileD>{});
+        Tensor cKV = make_identity_tensor(typename Traits::ShapedKV{});
         Tensor tcKV = thr.partition_C(cKV);
+        // Accumulator element i's key (within the tile) and column; kVec elements from i on are adjacent columns.
+        auto key_of = [&](int i) { return int(get<Traits::kKeyMode>(tcKV(i))); };
+        auto col_of = [&](int i) { return int(get<1 - Traits::kKeyMode>(tcKV(i))); };
+        constexpr int kVec = Traits::kSwapdKV ? 1 : 2;
         float const scale = params.softmax_scale;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
@@ -36,22 +42,23 @@ struct BwdEpilogue {
         int const n_base = c.n * kBlockN;
         // Folded tiles (every sibling's dK/dV in these registers) and MHA store; unfolded GQA tiles add in head order.
         if (walk.folded() || params.dk_accum == nullptr) {
-            // Pairs (2i, 2i+1) of the accumulator are adjacent columns of one row.
             Element* dk = params.dk + (Varlen ? seq.k_start * params.dk_row : c.b * params.dk_batch) + hk * params.dk_head;
             Element* dv = params.dv + (Varlen ? seq.k_start * params.dv_row : c.b * params.dv_batch) + hk * params.dv_head;
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < size(tdKacc); i += 2) {
-                int const row = n_base + get<0>(tcKV(i));
-                int const col = get<1>(tcKV(i));
+            for (int i = 0; i < size(tdKacc); i += kVec) {
+                int const row = n_base + key_of(i);
+                int const col = col_of(i);
                 if (row < sched.seqlen_k) {
-                    cutlass::NumericArrayConverter<Element, float, 2> cvt;
-                    cutlass::Array<float, 2> k2, v2;
-                    k2[0] = tdKacc(i); k2[1] = tdKacc(i + 1);
-                    v2[0] = tdVacc(i); v2[1] = tdVacc(i + 1);
+                    cutlass::NumericArrayConverter<Element, float, kVec> cvt;
+                    cutlass::Array<float, kVec> k2, v2;
+                    k2[0] = tdKacc(i);
+                    if constexpr (kVec == 2) { k2[1] = tdKacc(i + 1); }
+                    v2[0] = tdVacc(i);
+                    if constexpr (kVec == 2) { v2[1] = tdVacc(i + 1); }
                     auto ko = cvt(k2);
                     auto vo = cvt(v2);
-                    *reinterpret_cast<cutlass::Array<Element, 2>*>(dk + row * params.dk_row + col) = ko;
-                    *reinterpret_cast<cutlass::Array<Element, 2>*>(dv + row * params.dv_row + col) = vo;
+                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(dk + row * params.dk_row + col) = ko;
+                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(dv + row * params.dv_row + col) = vo;
                 }
             }
         } else {
@@ -69,10 +76,15 @@ struct BwdEpilogue {
             }
             // Pairs of adjacent columns as one 8-byte reduction (REDG.F32x2): half the atomics of scalar adds.
             CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < size(tdKacc); i += 2) {
-                int const off = get<0>(tcKV(i)) * kHeadDim + get<1>(tcKV(i));
-                atomicAdd(reinterpret_cast<float2*>(dk + off), make_float2(tdKacc(i), tdKacc(i + 1)));
-                atomicAdd(reinterpret_cast<float2*>(dv + off), make_float2(tdVacc(i), tdVacc(i + 1)));
+            for (int i = 0; i < size(tdKacc); i += kVec) {
+                int const off = key_of(i) * kHeadDim + col_of(i);
+                if constexpr (kVec == 2) {
+                    atomicAdd(reinterpret_cast<float2*>(dk + off), make_float2(tdKacc(i), tdKacc(i + 1)));
+                    atomicAdd(reinterpret_cast<float2*>(dv + off), make_float2(tdVacc(i), tdVacc(i + 1)));
+                } else {
+                    atomicAdd(dk + off, tdKacc(i));
+                    atomicAdd(dv + off, tdVacc(i));
+                }
             }
             if constexpr (Deterministic) {
                 __threadfence();

@@ -17,6 +17,7 @@
 #include "bwd/kernel_params.hpp"
 #include "bwd/load.hpp"
 #include "bwd/mainloop.hpp"
+#include "bwd/qdo_pipelines.hpp"
 #include "bwd/tiles.hpp"
 #include "bwd/traits.hpp"
 
@@ -34,6 +35,7 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     constexpr int NumMmaThreads = Traits::NumMmaThreads;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
+    using PipelinedO = typename Traits::PipelinedO;
     using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
     using ClusterBar = cutlass::arch::ClusterBarrier;
     static_assert(Policy::kMask == kAnyMask || (Policy::kMask == kCausalOnly) == Is_causal,
@@ -65,7 +67,7 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     pq.num_consumers = NumMmaThreads;
     pq.transaction_bytes = Traits::kTmaBytesQ + kBlockM * sizeof(float);
     PipelineQ pipeline_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
-    PipelineQ pipeline_do(ss.pipeline_do, pq, Shape<_1, _1, _1>{});
+    PipelinedO pipeline_do(ss.pipeline_do, dO_pipeline_params<PipelinedO>(pq), Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
 

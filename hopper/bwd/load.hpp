@@ -1,5 +1,5 @@
 // Backward producer role (warp 0 of warpgroup 0, one thread): TMA loads of K/V once per tile and of Q+LSE and
-// dO+dPsum per step through 2-stage pipelines (per sibling head when GQA-folded); on the dynamic grid it also claims
+// dO+dPsum per step through their pipelines (bwd/qdo_pipelines.hpp) (per sibling head when GQA-folded); on the dynamic grid it also claims
 // the CTA's next tile.
 #pragma once
 #include <cute/tensor.hpp>
@@ -8,6 +8,7 @@
 
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
+#include "bwd/qdo_pipelines.hpp"
 #include "bwd/tiles.hpp"
 #include "schedule/sibling_walk.hpp"
 #include "schedule/tile_walk.hpp"
@@ -21,12 +22,13 @@ struct BwdLoad {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
+    using PipelinedO = typename Traits::PipelinedO;
     using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
     using ClusterBar = cutlass::arch::ClusterBarrier;
 
     // The CTA's loads, tile by tile in the policy's order; issued by one thread.
     CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, PipelineQ& pipeline_q,
-                                   PipelineQ& pipeline_do, int num_tiles) {
+                                   PipelinedO& pipeline_do, int num_tiles) {
         using namespace cute;
         constexpr int kBlockM = Traits::kBlockM;
         SchedShape const& sched = params.sched;  // stays in the param bank (no registers)
@@ -41,7 +43,10 @@ struct BwdLoad {
         Tensor mdO = params.tma_do.get_tma_tensor(shape_q);
         Tensor mK = params.tma_k.get_tma_tensor(shape_k);
         Tensor mV = params.tma_v.get_tma_tensor(shape_k);
-        cutlass::PipelineState<Traits::kStages> pipe_write = cutlass::make_producer_start_state<PipelineQ>();
+        cutlass::PipelineState<Traits::kStagesQ> pipe_write = cutlass::make_producer_start_state<PipelineQ>();
+        using DoStates = DoState<Traits::kStagesQ, Traits::kStagesdO>;
+        [[maybe_unused]] typename DoStates::type pipe_write_do{};  // dO's own (bwd/qdo_pipelines.hpp)
+        if constexpr (DoStates::kOwnState) { pipe_write_do = cutlass::make_producer_start_state<PipelinedO>(); }
         int kv_iter = 0;
         int claimed = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
@@ -79,16 +84,25 @@ struct BwdLoad {
             walk.for_each_step(c, steps, head, [&](auto const& ht, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [tQgQ, tQsQ, tdOgdO, tdOsdO, lse_tile, dpsum_tile] = ht;
                 int const m = Policy::m_block(shape, c, st, step);
-                int const s = pipe_write.index();
+                int const sq = pipe_write.index();
                 pipeline_q.producer_acquire(pipe_write);
                 uint64_t* bq = pipeline_q.producer_get_barrier(pipe_write);
-                copy(params.tma_q.with(*bq, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, s));
-                bulk_load_g2s(&ss.smem_lse[s * kBlockM], lse_tile + m * kBlockM, kBlockM * sizeof(float), bq);
-                pipeline_do.producer_acquire(pipe_write);
-                uint64_t* bdo = pipeline_do.producer_get_barrier(pipe_write);
-                copy(params.tma_do.with(*bdo, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, s));
-                bulk_load_g2s(&ss.smem_dpsum[s * kBlockM], dpsum_tile + m * kBlockM, kBlockM * sizeof(float), bdo);
+                copy(params.tma_q.with(*bq, 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ(_, m), tQsQ(_, sq));
+                bulk_load_g2s(&ss.smem_lse[sq * kBlockM], lse_tile + m * kBlockM, kBlockM * sizeof(float), bq);
+                int sdo = sq;
+                uint64_t* bdo;
+                if constexpr (DoStates::kOwnState) {
+                    sdo = pipe_write_do.index();
+                    pipeline_do.producer_acquire(pipe_write_do);
+                    bdo = pipeline_do.producer_get_barrier(pipe_write_do);
+                } else {
+                    pipeline_do.producer_acquire(pipe_write);
+                    bdo = pipeline_do.producer_get_barrier(pipe_write);
+                }
+                copy(params.tma_do.with(*bdo, 0, TMA::CacheHintSm90::EVICT_LAST), tdOgdO(_, m), tdOsdO(_, sdo));
+                bulk_load_g2s(&ss.smem_dpsum[sdo * kBlockM], dpsum_tile + m * kBlockM, kBlockM * sizeof(float), bdo);
                 ++pipe_write;
+                if constexpr (DoStates::kOwnState) { ++pipe_write_do; }
             });
             // Wait until the MMA warpgroups are done with this tile's K/V before moving on: the next
             // tile's K/V load needs the buffer, and on the dynamic grid the CTA must not claim its next
@@ -99,7 +113,8 @@ struct BwdLoad {
             ++kv_iter;
         }
         pipeline_q.producer_tail(pipe_write);
-        pipeline_do.producer_tail(pipe_write);
+        if constexpr (DoStates::kOwnState) { pipeline_do.producer_tail(pipe_write_do); }
+        else { pipeline_do.producer_tail(pipe_write); }
     }
 };
 

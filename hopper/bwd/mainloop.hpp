@@ -1,7 +1,9 @@
 // Backward MMA role (warpgroups 1 and 2): per step S^T = K Q^T and dP^T = V dO^T, P and dS in registers,
 // dV += P^T dO and dK += dS^T Q accumulated over the tile's steps, and a fresh dQ = dS K per step handed to the
-// dQ-store warp; per tile the dK/dV epilogue. GQA-folded tiles run their steps once per sibling head
-// (schedule/sibling_walk.hpp), dK/dV accumulating over all of them.
+// dQ-store warp; per tile the dK/dV epilogue. With swapped dK/dV (Traits::kSwapdKV) the same products transposed:
+// S = Q K^T, dP = dO V^T, P and dS through shared memory, dV^T += dO^T P and dK^T += Q^T dS (bwd/operands.hpp).
+// GQA-folded tiles run their steps once per sibling head (schedule/sibling_walk.hpp), dK/dV accumulating over all
+// of them.
 #pragma once
 #include <cmath>
 #include <cute/tensor.hpp>
@@ -12,6 +14,8 @@
 #include "bwd/barriers.hpp"
 #include "bwd/epilogue.hpp"
 #include "bwd/kernel_params.hpp"
+#include "bwd/operands.hpp"
+#include "bwd/qdo_pipelines.hpp"
 #include "bwd/tile_mask.hpp"
 #include "common/utils.hpp"
 #include "schedule/sibling_walk.hpp"
@@ -34,17 +38,19 @@ struct BwdMainloop {
     using Element = typename Traits::Element;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
+    using PipelinedO = typename Traits::PipelinedO;
     using Handoff = typename Traits::DqHandoffT;
     using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
     using ClusterBar = cutlass::arch::ClusterBarrier;
 
     // tid: thread index within the MMA warpgroups (0 .. NumMmaThreads - 1).
     CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, PipelineQ& pipeline_q,
-                                   PipelineQ& pipeline_do, int tid, int num_tiles) {
+                                   PipelinedO& pipeline_do, int tid, int num_tiles) {
         using namespace cute;
         constexpr int kBlockM = Traits::kBlockM;
         constexpr int kBlockN = Traits::kBlockN;
         constexpr int NumMmaThreads = Traits::NumMmaThreads;
+        constexpr bool kSwap = Traits::kSwapdKV;
         SchedShape const& sched = params.sched;
         int const wg = tid / 128;
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
@@ -64,25 +70,33 @@ struct BwdMainloop {
         auto thr_dkv = mma_dkv.get_thread_slice(tid);
         auto thr_dq = mma_dq.get_thread_slice(tid);
 
-        Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-        Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-        Tensor tdPrV = thr_sdp.partition_fragment_A(sV);
-        Tensor tdPrdO = thr_sdp.partition_fragment_B(sdO);
-        Tensor tdVrdO = thr_dkv.partition_fragment_B(sdOt);
-        Tensor tdKrQ = thr_dkv.partition_fragment_B(sQt);
+        // The K/V side is the A operand of S^T and dP^T, the B operand of S and dP (swapped); the Q/dO side of the
+        // dK/dV GEMMs the other way round.
+        Tensor tSrK = operand_fragment<kSwap>(thr_sdp, sK);
+        Tensor tSrQ = operand_fragment<!kSwap>(thr_sdp, sQ);
+        Tensor tdPrV = operand_fragment<kSwap>(thr_sdp, sV);
+        Tensor tdPrdO = operand_fragment<!kSwap>(thr_sdp, sdO);
+        Tensor tdVrdO = operand_fragment<!kSwap>(thr_dkv, sdOt);
+        Tensor tdKrQ = operand_fragment<!kSwap>(thr_dkv, sQt);
         Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
         Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
 
-        auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+        auto r2s = make_tiled_copy_C(Copy_Atom<typename Traits::R2SAtomPdS, Element>{}, mma_sdp);
         auto thr_r2s = r2s.get_thread_slice(tid);
-        Tensor tdSsdS = thr_r2s.partition_D(as_position_independent_swizzle_tensor(sdSt));
+        Tensor tdSsdS = thr_r2s.partition_D(as_position_independent_swizzle_tensor(
+            make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutPdSAcc{})));
 
-        Tensor cS = make_identity_tensor(Shape<typename Traits::TileN, typename Traits::TileM>{});
+        Tensor cS = make_identity_tensor(typename Traits::ShapeS{});
         Tensor tScS = thr_sdp.partition_C(cS);
+        // The key and the query of accumulator element i of S (or S^T).
+        auto key_of = [&](int i) { return int(get<Traits::kKeyMode>(tScS(i))); };
+        auto query_of = [&](int i) { return int(get<1 - Traits::kKeyMode>(tScS(i))); };
 
-        cutlass::PipelineState<Traits::kStages> pipe_read;
+        cutlass::PipelineState<Traits::kStagesQ> pipe_read;
+        using DoStates = DoState<Traits::kStagesQ, Traits::kStagesdO>;
+        [[maybe_unused]] typename DoStates::type pipe_read_do{};  // dO's own (bwd/qdo_pipelines.hpp)
         int kv_iter = 0;
-        int ds_stage = 0;
+        int ds_stage = Traits::kFirstBufdS;  // the P/dS buffer dS goes to
         int const dense_off = sched.seqlen_k - sched.seqlen_q;  // every dense tile's
         int const t_in_wg = tid % 128;
 
@@ -96,8 +110,8 @@ struct BwdMainloop {
             auto const st = Policy::init(shape, c);
             int const steps = Policy::num_steps(shape, c, st);
             int const off = Varlen ? shape.seqlen_k - shape.seqlen_q : dense_off;
-            Tensor tdKacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
-            Tensor tdVacc = partition_fragment_C(mma_dkv, Shape<typename Traits::TileN, typename Traits::TileD>{});
+            Tensor tdKacc = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
+            Tensor tdVacc = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
             clear(tdKacc);
             clear(tdVacc);
             int const n_base = c.n * kBlockN;
@@ -112,12 +126,15 @@ struct BwdMainloop {
                     int const m = Policy::m_block(shape, c, st, step);
                     int const m_base = m * kBlockM;
                     int const s = pipe_read.index();
-                    Tensor tSacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
-                    Tensor tdPacc = partition_fragment_C(mma_sdp, Shape<typename Traits::TileN, typename Traits::TileM>{});
+                    int sdo = s;
+                    if constexpr (DoStates::kOwnState) { sdo = pipe_read_do.index(); }
+                    Tensor tSacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
+                    Tensor tdPacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
                     pipeline_q.consumer_wait(pipe_read);
-                    wg_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
-                    pipeline_do.consumer_wait(pipe_read);
-                    wg_gemm<true, -1>(mma_sdp, tdPrV, tdPrdO(_, _, _, s), tdPacc);
+                    gemm_ab<true, kSwap>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
+                    if constexpr (DoStates::kOwnState) { pipeline_do.consumer_wait(pipe_read_do); }
+                    else { pipeline_do.consumer_wait(pipe_read); }
+                    gemm_ab<true, kSwap>(mma_sdp, tdPrV, tdPrdO(_, _, _, sdo), tdPacc);
                     warpgroup_wait<1>();
                     if constexpr (Is_softcap) {  // before the mask: a masked score stays -inf
                         float const prescale = params.softcap_prescale;
@@ -129,21 +146,21 @@ struct BwdMainloop {
                     if (need_mask && Is_local) {
                         // Each bound is one compare of an element's compile-time offset from the thread's first
                         // element (key dr, query dc) with a per-step scalar: per-element bounds made ptxas spill.
-                        int const r0 = get<0>(tScS(0)), c0 = get<1>(tScS(0));
+                        int const r0 = key_of(0), c0 = query_of(0);
                         int const above = m_base - n_base + off + sched.window_right - (r0 - c0);  // dr - dc > above
                         int const below = m_base - n_base + off - sched.window_left - (r0 - c0);  // dr - dc < below
                         int const keys = shape.seqlen_k - n_base - r0, queries = shape.seqlen_q - m_base - c0;
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
-                            int const dr = get<0>(tScS(i)) - r0, dc = get<1>(tScS(i)) - c0;
+                            int const dr = key_of(i) - r0, dc = query_of(i) - c0;
                             bool const masked = dr >= keys || dc >= queries || dr - dc > above || dr - dc < below;
                             tSacc(i) = masked ? -INFINITY : tSacc(i);
                         }
                     } else if (need_mask) {
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
-                            int const row = n_base + get<0>(tScS(i));  // key
-                            int const col = m_base + get<1>(tScS(i));  // query
+                            int const row = n_base + key_of(i);
+                            int const col = m_base + query_of(i);
                             bool const masked = row >= shape.seqlen_k || col >= shape.seqlen_q ||
                                                 (Is_causal && row > col + off);
                             tSacc(i) = masked ? -INFINITY : tSacc(i);
@@ -156,11 +173,11 @@ struct BwdMainloop {
                         // through the dP wait spilled 32-136 B). max(., 0): a masked t = -inf gives P = 0 and 0, not
                         // 0 * -inf.
                         warpgroup_wait<0>();
-                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                        float const* sdpsum = &ss.smem_dpsum[sdo * kBlockM];
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
                             float const t = tSacc(i);
-                            int const query = get<1>(tScS(i));
+                            int const query = query_of(i);
                             float const p = exp2f(t * scale_log2 - slse[query]);
                             tdPacc(i) = p * fmaxf(fmaf(-t, t, 1.f), 0.f) * (tdPacc(i) - sdpsum[query]);
                             tSacc(i) = p;
@@ -168,32 +185,46 @@ struct BwdMainloop {
                     } else {
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tSacc); ++i) {
-                            tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[get<1>(tScS(i))]);
+                            tSacc(i) = exp2f(tSacc(i) * scale_log2 - slse[query_of(i)]);
                         }
                         warpgroup_wait<0>();
-                        float const* sdpsum = &ss.smem_dpsum[s * kBlockM];
+                        float const* sdpsum = &ss.smem_dpsum[sdo * kBlockM];
                         CUTLASS_PRAGMA_UNROLL
                         for (int i = 0; i < size(tdPacc); ++i) {
-                            tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[get<1>(tScS(i))]);
+                            tdPacc(i) = tSacc(i) * (tdPacc(i) - sdpsum[query_of(i)]);
                         }
                     }
                     Tensor rP = make_tensor_like<Element>(tSacc);
                     Tensor rdS = make_tensor_like<Element>(tdPacc);
                     convert_fragment(tSacc, rP);
                     convert_fragment(tdPacc, rdS);
-                    // dS^T -> smem (read back as dS by the dQ GEMM of both WGs).
+                    // dS^T -> smem (read back as dS by the dQ GEMM of both WGs). Swapped: P and dS -> their one
+                    // buffer each, once both WGs' GEMMs of the previous step have read them.
+                    if constexpr (kSwap) {
+                        cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdSEmpty));
+                        copy(r2s, thr_r2s.retile_S(rP), tdSsdS(_, _, _, Int<Traits::kBufP>{}));
+                    }
                     copy(r2s, thr_r2s.retile_S(rdS), tdSsdS(_, _, _, ds_stage));
                     cutlass::arch::fence_view_async_shared();
                     cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
 
-                    Tensor tdVrP = make_tensor(rP.data(), acc_layout_to_a_operand(rP.layout()));
-                    Tensor tdKrdS = make_tensor(rdS.data(), acc_layout_to_a_operand(rdS.layout()));
-                    wg_gemm<false, -1>(mma_dkv, tdVrP, tdVrdO(_, _, _, s), tdVacc);
+                    // The dK/dV GEMMs' P and dS: registers (RS) or the buffers just written (SS).
+                    auto pds_operand = [&](auto& r, int buf) {
+                        if constexpr (kSwap) {
+                            return operand_fragment<true>(thr_dkv, sdSt)(_, _, _, buf);
+                        } else {
+                            return make_tensor(r.data(), acc_layout_to_a_operand(r.layout()));
+                        }
+                    };
+                    Tensor tdVrP = pds_operand(rP, int(Traits::kBufP));
+                    Tensor tdKrdS = pds_operand(rdS, int(Traits::kBufdS));
+                    gemm_ab<false, kSwap>(mma_dkv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
                     Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
                     wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
-                    wg_gemm<false, -1>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                    gemm_ab<false, kSwap>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
                     warpgroup_wait<1>();  // dV and dQ retired
-                    pipeline_do.consumer_release(pipe_read);
+                    if constexpr (DoStates::kOwnState) { pipeline_do.consumer_release(pipe_read_do); }
+                    else { pipeline_do.consumer_release(pipe_read); }
                     // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
                     float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
                     Handoff::mma_acquire(wg);
@@ -207,7 +238,8 @@ struct BwdMainloop {
                     warpgroup_wait<0>();
                     pipeline_q.consumer_release(pipe_read);
                     ++pipe_read;
-                    ds_stage ^= 1;
+                    if constexpr (DoStates::kOwnState) { ++pipe_read_do; }
+                    if constexpr (!kSwap) { ds_stage ^= 1; }
                     cursor.advance(steps);
                 }
                 // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
