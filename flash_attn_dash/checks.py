@@ -116,14 +116,22 @@ def check_kernel_head_dim(head_dim: int) -> None:
                          f"lists them; CPU tensors run the reference for any head dim), got {head_dim}")
 
 
+def not_compiled_message(head_dim: int, compiled_head_dims: tuple[int, ...]) -> str:
+    """Why a head dim of the variant table cannot run on this build: which head dims it has, whether ``head_dim`` is
+    left out of default builds (``HeadDim.default_build``) and the build command that adds it."""
+    built = ", ".join(str(d) for d in compiled_head_dims) or "none"
+    wanted = ",".join(str(d) for d in sorted(set(compiled_head_dims) | {head_dim}))
+    why = "" if variants.head_dim(head_dim).default_build else (
+        " (default builds leave it out until its kernels pass the GPU tests)")
+    return (f"head_dim {head_dim} was not compiled into this build (built: {built}){why}; build it with "
+            f"FLASH_DASH_HDIMS={wanted} pip install --no-build-isolation -e .")
+
+
 def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compiled_head_dims: tuple[int, ...]) -> None:
     """Constraints of the sm90 kernels: head dim, strides, alignment, 32-bit sizes, architecture."""
     check_kernel_head_dim(head_dim)
     if head_dim not in compiled_head_dims:
-        raise ValueError(
-            f"head_dim {head_dim} was not compiled into this build (compiled: {compiled_head_dims}); "
-            "rebuild with FLASH_DASH_HDIMS including it"
-        )
+        raise ValueError(not_compiled_message(head_dim, compiled_head_dims))
     for name, t in tensors.items():
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")

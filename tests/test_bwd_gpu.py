@@ -154,11 +154,13 @@ def test_bwd_launcher_refuses_a_bad_launch(d):
     dq, dk, dv = (torch.full_like(x, float("nan")) for x in (q, k, v))
     sms = torch.cuda.get_device_properties(q.device).multi_processor_count
     desc, sym, asc = (variants.schedule(n).id for n in ("descending", "symmetric_shift", "ascending"))
+    bm, bn = _blocks(d)  # tiles without a whole pair step instantiate no symmetric_shift (variants.SCHEDULES)
+    sym_refusal = "symmetric_shift needs seqlen_q == seqlen_k" if bn % bm == 0 else "no deterministic kernel runs"
     for (policy, grid, group, margin, det), match in (
             ((desc, sms + 1, 1, 0, True), "grid must be in"), ((desc, 0, 1, 0, True), "grid must be in"),
             ((desc, sms, 1, 1, True), "grid must be in"), ((desc, 1000, 1, 0, True), "grid must be in"),
             ((desc, 4, 3, 0, True), "claim_group must be in"), ((desc, 4, 0, 0, True), "claim_group must be"),
-            ((sym, 2, 1, 0, True), "symmetric_shift needs seqlen_q == seqlen_k"),
+            ((sym, 2, 1, 0, True), sym_refusal),
             ((asc, 2, 1, 0, False), "no non-deterministic kernel runs this schedule")):
         with pytest.raises(ValueError, match=match):
             torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, None, d ** -0.5, True, det,
@@ -200,6 +202,32 @@ def test_bwd_all_schedules_agree(sq, sk, b, h, hk, margin, causal, d):
 
 def _bits(grads):
     return [g_.view(torch.int16).clone() for g_ in grads]
+
+
+SWAPPED_HDIMS = [d for d in HDIMS if variants.head_dim(d).bwd.swap_dkv]
+
+
+@pytest.mark.parametrize("d", SWAPPED_HDIMS)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hk", [6, 2], ids=["MHA", "GQA"])
+def test_bwd_swapped_dkv_ragged_keys(hk, causal, d):
+    """The swapped dK/dV layout (head dims above 128: dK^T and dV^T in the accumulators, P and dS through shared
+    memory) writes dK/dV element by element, or adds them into the GQA fp32 accumulators: key counts that end inside
+    a K/V tile (block_n 48 or 96), a single key and query counts that end inside a Q tile, in both modes; the
+    deterministic gradients repeat bit for bit."""
+    bm, bn = _blocks(d)
+    for sq, sk in ((517, 3 * bn + 5), (bm + 1, 1), (1000, 1000 + bn // 2)):
+        q, k, v, dout, out, lse = _inputs(2, sq, sk, 6, hk, d, torch.bfloat16, causal, seed=sk)
+        det = _bwd(dout, q, k, v, out, lse, causal, True, "auto")
+        _wait()
+        assert_tolerance_rule(q, k, v, dout, out, det, causal)
+        again = _bwd(dout, q, k, v, out, lse, causal, True, "auto")
+        _wait()
+        for label, a, g_ in zip(("dq", "dk", "dv"), _bits(det), again):
+            assert torch.equal(a, g_.view(torch.int16)), f"sq={sq} sk={sk}: {label} bits differ between calls"
+        nondet = _bwd(dout, q, k, v, out, lse, causal, False, "auto")
+        _wait()
+        assert_tolerance_rule(q, k, v, dout, out, nondet, causal)
 
 
 @pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)

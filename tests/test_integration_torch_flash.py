@@ -321,7 +321,7 @@ def test_flash_attention_forward_refuses(overrides, argument):
         _fwd(**overrides)
 
 
-@pytest.mark.parametrize("head_dim", [32, 80, 256])
+@pytest.mark.parametrize("head_dim", [32, 80, 320])
 def test_head_dims_without_kernels_are_refused_on_every_device(head_dim):
     q, k, v = sdpa_inputs(d=head_dim)
     with pytest.raises(ValueError, match="head_dim must be one of " + re.escape(str(checks.KERNEL_HEAD_DIMS))):

@@ -11,12 +11,18 @@ import random
 
 import pytest
 import torch
+from kernel_head_dims import gpu_head_dims
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
 from flash_attn_dash import flash_attn_varlen_func, varlen_cuda
 
 pytestmark = pytest.mark.gpu
+
+HDIMS = gpu_head_dims()
+# The feature cases: hdim 64 and 128 (96 shares 128's kernels' code paths) and every entry above 128 this build has
+# (their swapped dK/dV backward).
+FEATURE_HDIMS = [d for d in HDIMS if d != 96]
 
 
 # Feature cases of both passes (sink=True: a learnable sink of the pack's heads).
@@ -81,7 +87,7 @@ def _assert_same_bits(want, got, pack: Pack, what: str):
 @pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", HDIMS)
 def test_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, dtype, causal, heads, heads_k,
                                                    same_lengths, used):
     pack = _random_pack(head_dim + 7 * causal + heads_k, 9, 700, heads, heads_k, head_dim, dtype, same_lengths, used)
@@ -90,7 +96,7 @@ def test_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, dtype,
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", FEATURE_HDIMS)
 def test_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
     pack = _random_pack(head_dim, 9, 900, 8, 2, head_dim, torch.bfloat16, same_lengths=False, used=False)
     features = _features(features, 8)
@@ -237,7 +243,7 @@ def _dout(pack: Pack) -> torch.Tensor:
 @pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
 @pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", HDIMS)
 def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, causal, heads,
                                                                          heads_k, used, schedule):
     pack = _random_pack(head_dim + causal + heads_k, 9, 700, heads, heads_k, head_dim, torch.bfloat16,
@@ -248,7 +254,7 @@ def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkey
 
 
 @pytest.mark.parametrize("features", FEATURES, ids=FEATURE_IDS)
-@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("head_dim", FEATURE_HDIMS)
 def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch, head_dim, features):
     # GQA, except on the windows the dense backward folds GQA siblings on (the folded kernels' own test below).
     heads_k = 8 if "window_size" in features else 2
@@ -261,7 +267,7 @@ def test_backward_kernel_features_give_each_sequence_its_dense_bits(monkeypatch,
         torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("head_dim", [64, 96, 128])
+@pytest.mark.parametrize("head_dim", HDIMS)
 @pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
 @pytest.mark.parametrize("features", [dict(causal=True, window_size=(128, 0)), dict(causal=False, window_size=(64, 32)),
                                       dict(causal=False, window_size=(100, 0)),
