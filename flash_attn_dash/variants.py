@@ -71,6 +71,8 @@ class HeadDim:
 
     ``default_build=False``: compiled only when ``FLASH_DASH_HDIMS`` names it, for an entry whose kernels have not
     passed the GPU tests yet (a default build refuses that head dim with a named error).
+    ``fwd_inline_steps``: the forward consumer's step lambdas are forced inline (``hopper/fwd/mainloop.hpp``,
+    FLASH_DASH_FWD_INLINE_STEPS), where ptxas would otherwise pass O's accumulator through the stack.
     """
 
     qk: int
@@ -79,6 +81,7 @@ class HeadDim:
     fwd_causal: FwdTile
     bwd: BwdTile
     default_build: bool = True
+    fwd_inline_steps: bool = False
 
     @property
     def tag(self) -> str:
@@ -111,12 +114,12 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 96, kv_stages=2),
             bwd=BwdTile(64, 96, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
-            default_build=False),
+            default_build=False, fwd_inline_steps=True),
     HeadDim(256, 256,
             fwd_full=FwdTile(128, 64, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 64, kv_stages=2),
             bwd=BwdTile(64, 48, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
-            default_build=False),
+            default_build=False, fwd_inline_steps=True),
 )
 
 

@@ -48,7 +48,8 @@ def fwd_unit(v: V.Variant) -> str:
     full_t = _fwd_traits(h, full, v.dtype, full_pf)
     causal_t = "Full" if shared else _fwd_traits(h, causal, v.dtype, causal_pf)
     ns = {full.block_n, causal.block_n, h.v}
-    return (HEADER + _prologue(ns) + '#include "fwd/launch.h"\n\nnamespace flash_dash {\n\n'
+    inline = "#define FLASH_DASH_FWD_INLINE_STEPS\n" if h.fwd_inline_steps else ""
+    return (HEADER + _prologue(ns) + inline + '#include "fwd/launch.h"\n\nnamespace flash_dash {\n\n'
             f"void run_{v.name}(FwdParams const& params, cudaStream_t stream) {{\n"
             f"    using Full = {full_t};\n"
             f"    using Causal = {causal_t};\n"

@@ -13,6 +13,16 @@
 #include "fwd/traits.h"
 #include "schedule/fwd_tile_scheduler.hpp"
 
+// The consumer's `step` and `flush` lambdas take O's accumulator by reference. At large head dims ptxas keeps them
+// as calls and O goes through the stack (1.5 KB per thread at hdim 256), so the generated units of the head dims whose
+// table entry sets `fwd_inline_steps` define FLASH_DASH_FWD_INLINE_STEPS and force them inline. The other head dims
+// keep ptxas' choice: forcing it there changes their code (research/patches/fwd-inline.patch measures it).
+#if defined(FLASH_DASH_FWD_INLINE_STEPS)
+#define FLASH_DASH_FWD_STEP_INLINE CUTLASS_LAMBDA_FUNC_INLINE
+#else
+#define FLASH_DASH_FWD_STEP_INLINE
+#endif
+
 namespace flash_dash {
 
 // kWindow: the kernel of sliding windows (a causal launch with a left side or a right side other than 0); the
@@ -306,7 +316,7 @@ struct FwdMainloopSm90 {
 
         // O += P V for the pending block alone, then its tile's epilogue (before an empty tile, and
         // after the last tile).
-        auto flush = [&]() CUTLASS_LAMBDA_FUNC_INLINE {
+        auto flush = [&]() FLASH_DASH_FWD_STEP_INLINE {
             pipe_v.consumer_wait(st_v);
             scheduler_sync(wg);
             wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
@@ -372,7 +382,7 @@ struct FwdMainloopSm90 {
             // tile-start work are chosen outside that window. Without it the step keeps the order that
             // measured best with 3 consumer WGs.
             constexpr bool kPin = Traits::kOverlapPvSoftmax;
-            auto step = [&](auto const& mask, bool first) CUTLASS_LAMBDA_FUNC_INLINE {
+            auto step = [&](auto const& mask, bool first) FLASH_DASH_FWD_STEP_INLINE {
                 // On a tile's first step the pending PV is the previous tile's last: its row stats are final.
                 auto finalize_previous = [&]() {
                     finalize(pv_tile);
