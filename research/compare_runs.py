@@ -1,8 +1,8 @@
-"""Compare bench_attn.py JSON runs of one call row by row: each variant's TFLOP/s over the baseline's.
+"""Compare bench_attn.py (or bench_varlen.py) JSON runs of one call row by row: each variant's TFLOP/s over the baseline's.
 
     python research/compare_runs.py BASE.json VARIANT.json [VARIANT.json ...]
 
-Prints, per (impl, hdim, mask, seqlen), the baseline's fwd/bwd TFLOP/s and each variant's ratio to it, then the
+Prints, per (impl, hdim, mask, seqlen or pack), the baseline's fwd/bwd TFLOP/s and each variant's ratio to it, then the
 median ratio per variant and pass (rows that are not `ok` on both sides are left out).
 """
 from __future__ import annotations
@@ -16,7 +16,9 @@ from pathlib import Path
 
 def rows(path: Path) -> dict:
     doc = json.loads(path.read_text())
-    return {(r["impl"], r["hdim"], r["mask"], r["seqlen"]): r for r in doc["rows"] if r.get("status") == "ok"}
+    # bench_varlen.py rows name their pack (uniform packs carry a seqlen too); bench_attn.py rows have no pack.
+    return {(r["impl"], r["hdim"], r["mask"], r.get("pack") or r["seqlen"]): r
+            for r in doc["rows"] if r.get("status") == "ok"}
 
 
 def tflops(row: dict, pass_: str) -> float | None:
@@ -30,10 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     base = rows(args.base)
     runs = [(p.stem, rows(p)) for p in args.variants]
-    print(f"{'impl':<12} {'hdim':>4} {'mask':>6} {'seqlen':>6} {'fwd':>6} {'bwd':>6}  "
+    print(f"{'impl':<12} {'hdim':>4} {'mask':>6} {'shape':>6} {'fwd':>6} {'bwd':>6}  "
           + "  ".join(f"{name[:18]:>18}" for name, _ in runs))
     ratios: dict = {(name, p): [] for name, _ in runs for p in ("fwd", "bwd")}
-    for key in sorted(base):
+    for key in sorted(base, key=str):
         b = base[key]
         cells = []
         for name, r in runs:
@@ -47,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
                 else:
                     parts.append("  -  ")
             cells.append("/".join(parts))
-        print(f"{key[0]:<12} {key[1]:>4} {key[2]:>6} {key[3]:>6} {tflops(b, 'fwd') or 0:6.0f} {tflops(b, 'bwd') or 0:6.0f}  "
+        print(f"{key[0]:<12} {key[1]:>4} {key[2]:>6} {str(key[3]):>6} {tflops(b, 'fwd') or 0:6.0f} {tflops(b, 'bwd') or 0:6.0f}  "
               + "  ".join(f"{c:>18}" for c in cells))
     for name, _ in runs:
         med = {p: statistics.median(ratios[name, p]) if ratios[name, p] else float("nan") for p in ("fwd", "bwd")}

@@ -3,13 +3,13 @@
 #
 #   research/patch_ab.sh OUTDIR PATCH [PATCH ...]
 #
-# Times benchmarks/bench_attn.py $BENCH_ARGS on the installed build, then each PATCH alone on the clean tree (git
-# apply, rebuilt in place with the build knobs $AB_BUILD, by default bf16 and hdim 64/128 only: the kernels a bench
-# of those rows runs are the same whatever else is built, and fewer translation units compile), and prints
-# research/compare_runs.py's ratios of every variant to the installed build. Use it on a machine that already holds
-# a build (benchmarks/gpu_session.sh build) and keep a peer's rows in BENCH_ARGS (e.g. fa4): their ratio between
-# runs is the noise of the call. The tree is restored, the last variant's build stays installed. Everything lands
-# in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
+# Times $BENCH_SCRIPT (benchmarks/bench_attn.py by default, or bench_varlen.py) $BENCH_ARGS on the installed build,
+# then each PATCH alone on the clean tree (git apply, rebuilt in place with the build knobs $AB_BUILD, by default bf16
+# and hdim 64/128 only: the kernels a bench of those rows runs are the same whatever else is built, and fewer
+# translation units compile), and prints research/compare_runs.py's ratios of every variant to the installed build.
+# Use it on a machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in
+# BENCH_ARGS (e.g. fa4): their ratio between runs is the noise of the call. The tree is restored, the last variant's
+# build stays installed. Everything lands in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
 set -u -o pipefail
 OUTDIR=${1:?usage: patch_ab.sh OUTDIR PATCH [PATCH ...]}
 shift
@@ -18,11 +18,12 @@ cd "$ROOT"
 AB="$OUTDIR/ab"
 mkdir -p "$AB"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
+BENCH_SCRIPT=${BENCH_SCRIPT:-benchmarks/bench_attn.py}
 BENCH_ARGS=${BENCH_ARGS:---impl dash,dash-det,fa4 --hdim 64,128 --seqlen 2k,8k,16k}
 AB_BUILD=${AB_BUILD:-FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128}
 bench() {  # bench NAME: one bench_attn.py run into $AB
   # shellcheck disable=SC2086
-  timeout "${BENCH_TIMEOUT:-200}" python3 benchmarks/bench_attn.py $BENCH_ARGS --json "$AB/bench-$1.json" \
+  timeout "${BENCH_TIMEOUT:-200}" python3 "$BENCH_SCRIPT" $BENCH_ARGS --json "$AB/bench-$1.json" \
     > "$AB/bench-$1.txt" 2>&1
   echo "bench $1 rc $?"
 }
