@@ -1,4 +1,4 @@
-"""Compare bench_attn.py (or bench_varlen.py) JSON runs of one call row by row: each variant's TFLOP/s over the baseline's.
+"""Compare bench_attn.py or bench_varlen.py JSON runs of one call row by row: each variant's TFLOP/s over the base's.
 
     python research/compare_runs.py BASE.json VARIANT.json [VARIANT.json ...]
 
