@@ -6,13 +6,17 @@ A causal query block of a sequence costs the key blocks it sees; the table's til
 rounds (tile t to CTA t % grid, or in alternating directions as the dense causal scheduler does). Prints, per pack
 and table order, the balance: ideal per-CTA work / the busiest CTA's work (1 = perfect). Orders: `per-sequence` (the
 prepare CTA's today: sequences longest first, each sequence's blocks descending, heads inner) and `global` (every
-tile of the pack sorted by cost, descending).
+tile of the pack sorted by cost, descending). The Pareto packs are bench_varlen.py's (seed 0).
 """
 from __future__ import annotations
 
 import argparse
-import random
 import sys
+from pathlib import Path
+
+if __package__ in (None, ""):  # run as a script: make the repo root importable
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from flash_attn_dash.cad.workload import pareto_doc_lens  # noqa: E402
 
 
 def causal_costs(lens: list[int], heads: int, block: int) -> list[int]:
@@ -36,12 +40,8 @@ def balance(costs: list[int], grid: int, alternate: bool) -> float:
 
 
 def pareto_pack(tokens: int, seed: int) -> list[int]:
-    rng, out, left = random.Random(seed), [], tokens
-    while left > 0:
-        n = min(left, max(128, int(128 / (1 - rng.random()))))
-        out.append(n)
-        left -= n
-    return out
+    """benchmarks/bench_varlen.py's long-tailed pack of `tokens` tokens (Pareto alpha 1, documents of >= 128)."""
+    return pareto_doc_lens(1, tokens, seed, alpha=1.0, scale=128, min_len=128)[0]
 
 
 def main(argv: list[str] | None = None) -> int:
