@@ -1,6 +1,6 @@
 // Backward producer role (warp 0 of warpgroup 0, one thread): TMA loads of K/V once per tile and of Q+LSE and
-// dO+dPsum per step through their pipelines (bwd/qdo_pipelines.hpp) (per sibling head when GQA-folded); on the dynamic grid it also claims
-// the CTA's next tile.
+// dO+dPsum per step through their pipelines (bwd/qdo_pipelines.hpp; per sibling head when GQA-folded); on the dynamic
+// grid it also claims the CTA's next tile.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
