@@ -7,6 +7,8 @@ Shapes (--case, default all; bf16, batch 1, q/k/v/dO from torch.randn):
   causal    the gpt-oss shape without a window or sinks (the issue's target: window 128 at 32k costs <= 5% of this
             backward)
   llama     hdim 128, 32 / 8 heads, causal (Llama-3-8B's attention): the GQA backward at hdim 128 without a window
+  gemma     hdim 256, 16 / 8 heads (Gemma-2-9B's local layers), causal window 4096 and softcap 50
+  hdim256   the gemma shape causal, without a window or softcap (Gemma's global layers without softcap, Qwen3-Next)
 Implementations (--impl): dash (ours, non-deterministic), dash-det (ours, deterministic "auto"), fa4, fa4-det
 (FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable. cuDNN has no sliding
 window in torch's SDPA, so it has no rows here.
@@ -39,28 +41,31 @@ CASES = {
     "mistral": dict(hdim=128, heads=32, heads_k=8, window=(4095, 0), sink=False),
     "causal": dict(hdim=64, heads=64, heads_k=8, window=(-1, 0), sink=False),
     "llama": dict(hdim=128, heads=32, heads_k=8, window=(-1, 0), sink=False),
+    "gemma": dict(hdim=256, heads=16, heads_k=8, window=(4095, 0), sink=False, softcap=50.0),
+    "hdim256": dict(hdim=256, heads=16, heads_k=8, window=(-1, 0), sink=False),
 }
 SEQLENS = (8192, 16384, 32768)
 IMPLS = ("dash", "dash-det", "fa4", "fa4-det")
 
 
-def make_fn(impl: str, window: tuple[int, int], sink):
-    """fn(q, k, v) -> out for (b, s, h, d) tensors (``sink``: None or the (heads,) learnable sink logits); raises
-    bc.ImplUnavailable where the implementation is missing."""
+def make_fn(impl: str, window: tuple[int, int], sink, softcap: float = 0.0):
+    """fn(q, k, v) -> out for (b, s, h, d) tensors (``sink``: None or the (heads,) learnable sink logits; ``softcap``
+    0 = off); raises bc.ImplUnavailable where the implementation is missing."""
     det = impl.endswith("-det")
     if impl.startswith("dash"):
         fad = bc.import_flash_attn_dash()
-        kw = dict(window_size=window, learnable_sink=sink, deterministic=det)
+        kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det)
         return lambda q, k, v: fad.flash_attn_func(q, k, v, **kw)
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
     except Exception as e:  # noqa: BLE001 - any import failure means no FA4 rows
         raise bc.ImplUnavailable(f"from flash_attn.cute import flash_attn_func failed: {type(e).__name__}: {e}")
     sides = tuple(None if w < 0 else w for w in window)
-    return lambda q, k, v: bc._first(fa4_func(q, k, v, window_size=sides, learnable_sink=sink, deterministic=det))
+    return lambda q, k, v: bc._first(fa4_func(q, k, v, window_size=sides, learnable_sink=sink, softcap=softcap,
+                                              deterministic=det))
 
 
-def check_rows(out, q, k, v, window, sink):
+def check_rows(out, q, k, v, window, sink, softcap):
     """dash.md's rule on output rows [0, 64) and [s-64, s) of batch 0, head 0 (and its K/V head)."""
     import torch
 
@@ -72,8 +77,9 @@ def check_rows(out, q, k, v, window, sink):
     q1, k1, v1 = q[:1, :, :1].detach(), k[:1, :, :1].detach(), v[:1, :, :1].detach()
     s1 = None if sink is None else sink[:1]
     with torch.no_grad():
-        ref, _ = attention_ref(q1.float(), k1.float(), v1.float(), window_size=window, learnable_sink=s1)
-        pt, _ = attention_ref(q1, k1, v1, window_size=window, upcast=False, learnable_sink=s1)
+        ref, _ = attention_ref(q1.float(), k1.float(), v1.float(), window_size=window, learnable_sink=s1,
+                               softcap=softcap)
+        pt, _ = attention_ref(q1, k1, v1, window_size=window, upcast=False, learnable_sink=s1, softcap=softcap)
     return bc.tol_check(out[:1, :, :1][:, rows], ref[:, rows], pt[:, rows])
 
 
@@ -82,13 +88,15 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
 
     spec = CASES[case]
     row = dict(impl=impl, case=case, seqlen=seqlen, batch=1, heads=spec["heads"], heads_kv=spec["heads_k"],
-               hdim=spec["hdim"], window=list(spec["window"]), sink=spec["sink"], status="ok", reason=None, stage=None,
+               hdim=spec["hdim"], window=list(spec["window"]), sink=spec["sink"],
+               softcap=spec.get("softcap", 0.0), status="ok", reason=None, stage=None,
                fwd=None, bwd=None, bitwise_repeat=None, check=None)
     dev, dtype = bc.bench_device(), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(args.seed + 777)
     sink = torch.randn(spec["heads"], generator=g, device=dev) if spec["sink"] else None
+    softcap = spec.get("softcap", 0.0)
     try:
-        fn = make_fn(impl, spec["window"], sink)
+        fn = make_fn(impl, spec["window"], sink, softcap)
     except bc.ImplUnavailable as e:
         row.update(status="skipped", reason=str(e))
         return row
@@ -106,7 +114,7 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
     try:
         bc.measure_fwd_bwd(row, fn, sets, args, flops, stage,
                            None if args.no_check else (lambda out, q, k, v: check_rows(out, q, k, v, spec["window"],
-                                                                                           sink)))
+                                                                                           sink, softcap)))
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
         row.update(status="oom" if bc.is_oom(e) else "error", reason=f"{type(e).__name__}: {e}"[:1000],
                    stage=stage.name)
