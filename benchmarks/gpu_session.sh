@@ -7,7 +7,7 @@
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
 # TESTS (default: every tests/*_gpu.py and the timeline test), SANITIZE_PASSES (bwd fwd),
-# SANITIZE_TOOLS (racecheck synccheck),
+# SANITIZE_TOOLS (racecheck synccheck), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
 # ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks), NCU_ARGS / NCU_TAG (the ncu step: research/ncu_attn.py's
 # arguments and the name of its text reports). FlashAttention-4 rows need FA4 importable: source
 # .fa4/pK/stage.sh first (../shared/tools/fa4/prepare.sh). Logs and this call's new results come back in OUTDIR as

@@ -5,7 +5,7 @@ The narrow windows run the GQA-folded kernels (flash_attn_dash.launch.gqa_fold),
 """
 import torch
 
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import sanitize_head_dims
 
 from flash_attn_dash import variants
 from flash_attn_dash.ops import bwd_into
@@ -23,7 +23,7 @@ def main():
              (600, 600, True, (128, 0), 0.0), (300, 400, True, (64, 64), 0.0),
              (3000, 3000, True, (2600, 0), 0.0), (200, 300, False, (-1, -1), 30.0),
              (200, 300, True, (-1, 0), 5.0), (256, 256, True, (-1, 0), 30.0), (600, 600, True, (128, 0), 30.0)]
-    for d in gpu_head_dims():
+    for d in sanitize_head_dims():
         for sq, sk, causal, window, softcap in cases:
             mask = "causal" if causal else "full"
             orders = variants.schedules_for(mask) if window in ((-1, -1), (-1, 0)) else ("ascending", "descending")
@@ -54,7 +54,7 @@ def varlen() -> None:
 
     from flash_attn_dash import varlen_cuda
 
-    for d in gpu_head_dims():
+    for d in sanitize_head_dims():
         q, k_gqa, v_gqa, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
         do = torch.randn_like(q)
         sink2 = torch.randn(2, device="cuda")

@@ -4,7 +4,7 @@
 """
 import torch
 
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import sanitize_head_dims
 
 import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
@@ -24,7 +24,7 @@ def main():
              (700, 700, True, (128, 0), True, 0.0), (300, 517, False, (-1, -1), False, 30.0),
              (300, 517, True, (-1, 0), False, 30.0), (520, 130, True, (-1, 0), False, 5.0),
              (700, 700, True, (128, 0), False, 30.0)]
-    for d in gpu_head_dims():
+    for d in sanitize_head_dims():
         for sq, sk, causal, window, with_sink, softcap in cases:
             for margin in (0, sms - 2):
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
@@ -48,7 +48,7 @@ def varlen(sms: int) -> None:
 
     from flash_attn_dash import varlen_cuda
 
-    for d in gpu_head_dims():
+    for d in sanitize_head_dims():
         q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
         for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))):
             for margin in (0, sms - 2):
