@@ -10,6 +10,8 @@ rule at seqlens (799, 3) causal in 10-17% of seeds, at every head dim (benchmark
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from flash_attn_dash.reference import _lse, _probs, _repeat_kv, _scores, attention_ref
@@ -72,13 +74,16 @@ def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1), lear
     ref = ref_grads(q, k, v, dout, causal, upcast=True, **feats)
     pt = ref_grads(q, k, v, dout, causal, upcast=False, **feats)
     shift = stored_output_shift(q, k, v, dout, out, causal, **feats)
+    floor = 1e-5 * math.sqrt(max(1.0, q.shape[-1] / 64) * (q.shape[2] // k.shape[2]))
     rows = []
     for name, x, r, p, dr in zip(("dq", "dk", "dv"), grads, ref, pt, shift):
         assert x.shape == r.shape and x.dtype == q.dtype, name
         assert not torch.isnan(x).any(), f"{name}: NaN or unwritten (poison) elements"
-        # + 1e-5: where the reference gradient is exactly 0 (e.g. one key per row: dS = P(dP - dPsum) = 0)
-        # the kernel's dP and dPsum round differently; 1e-5 is far below any real error.
-        atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item() + 1e-5
+        # + floor: where the reference gradient is exactly 0 (e.g. one key per row: dS = P(dP - dPsum) = 0) the
+        # kernel's dP (an MMA) and dPsum (a row sum) are fp32 dot products of head_dim terms rounded in different
+        # orders; their difference grows like sqrt(head_dim), and GQA adds `group` such dK/dV tiles. 1e-5 at
+        # head dim 64 without GQA, far below any real error.
+        atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item() + floor
         err = (x.float() - (r + dr)).abs().max().item()
         err_pt = (p.float() - r).abs().max().item()
         rows.append((name, err, 2 * err_pt + atol))
