@@ -107,19 +107,19 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_full=FwdTile(128, 128, kv_stages=2, q_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 128, kv_stages=2, q_stages=2),
             bwd=BwdTile(64, 128, producer_regs=40, mma_regs=232)),
-    # Not in the default build until their GPU tests pass. Forward: Q (one stage) and two K/V stages fill the shared
-    # memory, so O leaves from registers (FwdKernelTraits::kStagedO). Backward: swapped dK/dV; Q, dO, K, V, P, dS and
-    # the fp32 dQ hand-off buffer (64 x d) fill the shared memory at these tiles with one dO stage.
+    # Forward: Q (one stage) and two K/V stages fill the shared memory, so O leaves from registers
+    # (FwdKernelTraits::kStagedO). Backward: swapped dK/dV; Q, dO, K, V, P, dS and the fp32 dQ hand-off buffer
+    # (64 x d) fill the shared memory at these tiles with one dO stage.
     HeadDim(192, 192,
             fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 96, kv_stages=2),
             bwd=BwdTile(64, 96, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
-            default_build=False, fwd_inline_steps=True),
+            fwd_inline_steps=True),
     HeadDim(256, 256,
             fwd_full=FwdTile(128, 64, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 64, kv_stages=2),
             bwd=BwdTile(64, 48, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
-            default_build=False, fwd_inline_steps=True),
+            fwd_inline_steps=True),
 )
 
 
