@@ -3,6 +3,8 @@
 #
 #   research/patch_ab.sh OUTDIR PATCH [PATCH ...]
 #
+# A PATCH argument may stack several patches, A.patch+B.patch: applied one after the other as one variant (each
+# must apply on top of the ones before it).
 # Times $BENCH_SCRIPT (benchmarks/bench_attn.py by default, or bench_varlen.py) $BENCH_ARGS on the installed build,
 # then each PATCH alone on the clean tree (git apply, rebuilt in place with the build knobs $AB_BUILD, by default bf16
 # and hdim 64/128 only: the kernels a bench of those rows runs are the same whatever else is built, and fewer
@@ -30,9 +32,15 @@ bench() {  # bench NAME: one bench_attn.py run into $AB
 finish() { tar -czf "$OUTDIR/ab.tgz" -C "$OUTDIR" ab && rm -rf "$AB"; }
 bench installed
 jsons=()
-for patch in "$@"; do
-  name=$(basename "$patch" .patch)
-  git apply "$patch" || { echo "$name: does not apply"; continue; }
+for arg in "$@"; do
+  IFS=+ read -r -a patches <<< "$arg"
+  name=$(for p in "${patches[@]}"; do basename "$p" .patch; done | paste -sd+)
+  applied=()
+  for p in "${patches[@]}"; do git apply "$p" && applied+=("$p") || break; done
+  if [ "${#applied[@]}" -lt "${#patches[@]}" ]; then
+    for ((i = ${#applied[@]} - 1; i >= 0; i--)); do git apply -R "${applied[i]}"; done
+    echo "$name: does not apply"; continue
+  fi
   SECONDS=0
   # shellcheck disable=SC2086
   if env $AB_BUILD python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
@@ -42,7 +50,7 @@ for patch in "$@"; do
   else
     echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
   fi
-  git apply -R "$patch"
+  for ((i = ${#patches[@]} - 1; i >= 0; i--)); do git apply -R "${patches[i]}"; done
 done
 [ "${#jsons[@]}" -gt 0 ] && python3 research/compare_runs.py "$AB/bench-installed.json" "${jsons[@]}" | tee "$AB/compare.txt"
 finish
