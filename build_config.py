@@ -1,7 +1,8 @@
 """Build knobs and nvcc flags shared by setup.py and the Makefile.
 
 The kernels are the variants of flash_attn_dash/variants.py; the knobs (environment) select a subset:
-  FLASH_DASH_HDIMS   comma list of head dims to compile (any of the table; default: its default-build entries)
+  FLASH_DASH_HDIMS   comma list of head dims to compile (any of the table; default: its default-build entries), each
+                     by its build name: the head dim (128), or qk and v head dims as 192v128 where V's differs
   FLASH_DASH_DTYPES  comma list of dtypes to compile (default "bf16,fp16")
   FLASH_DASH_PASSES  comma list of passes to compile (default "fwd,bwd"; a subset is for kernel development)
   FLASH_DASH_SKIP_CUDA_BUILD=1  install the pure-Python parts only
@@ -30,17 +31,20 @@ def _env_list(name: str, accepted: tuple, cast, default: tuple | None = None) ->
     if not raw:
         return list(accepted if default is None else default)
     values = [cast(x.strip()) for x in raw.split(",") if x.strip()]
-    allowed = set(accepted)
-    bad = [v for v in values if v not in allowed]
+    bad = [v for v in values if v not in accepted]
     if bad:
-        raise ValueError(f"{name}={raw!r}: unsupported {bad}; accepted values are {sorted(allowed)}")
+        raise ValueError(f"{name}={raw!r}: unsupported {', '.join(map(str, bad))}; accepted values are "
+                         f"[{', '.join(map(str, accepted))}]")
     return values
 
 
-def selected_hdims() -> list[int]:
-    """``FLASH_DASH_HDIMS`` (any head dim of the table), else the table's default-build head dims."""
-    return _env_list("FLASH_DASH_HDIMS", tuple(h.qk for h in variants.HEAD_DIMS), int,
-                     default=tuple(h.qk for h in variants.HEAD_DIMS if h.default_build))
+def selected_head_dims() -> list[variants.HeadDim]:
+    """The table entries ``FLASH_DASH_HDIMS`` names (``HeadDim.build_name``: ``128``, ``192v128``), else its
+    default-build entries."""
+    by_name = {h.build_name: h for h in variants.HEAD_DIMS}
+    names = _env_list("FLASH_DASH_HDIMS", tuple(by_name), str,
+                      default=tuple(h.build_name for h in variants.HEAD_DIMS if h.default_build))
+    return [by_name[n] for n in names]
 
 
 def selected_dtypes() -> list[str]:
@@ -49,9 +53,9 @@ def selected_dtypes() -> list[str]:
 
 def selected_variants() -> list[variants.Variant]:
     """The table's translation units for the selected passes, head dims and dtypes."""
-    hdims, dtypes = selected_hdims(), selected_dtypes()
+    heads, dtypes = selected_head_dims(), selected_dtypes()
     passes = _env_list("FLASH_DASH_PASSES", variants.PASSES, str)
-    return [v for v in variants.variants() if v.pass_ in passes and v.head.qk in hdims and v.dtype in dtypes]
+    return [v for v in variants.variants() if v.pass_ in passes and v.head in heads and v.dtype in dtypes]
 
 
 def kernel_sources() -> list[str]:

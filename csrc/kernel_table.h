@@ -21,6 +21,8 @@ void run_fwd_hdim192_bf16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim192_fp16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim256_bf16(FwdParams const&, cudaStream_t);
 void run_fwd_hdim256_fp16(FwdParams const&, cudaStream_t);
+void run_fwd_hdim192v128_bf16(FwdParams const&, cudaStream_t);
+void run_fwd_hdim192v128_fp16(FwdParams const&, cudaStream_t);
 size_t workspace_bwd_hdim64_bf16(BwdParams const&);
 void run_bwd_hdim64_bf16(BwdParams const&, void*, cudaStream_t);
 size_t workspace_bwd_hdim64_fp16(BwdParams const&);
@@ -41,6 +43,10 @@ size_t workspace_bwd_hdim256_bf16(BwdParams const&);
 void run_bwd_hdim256_bf16(BwdParams const&, void*, cudaStream_t);
 size_t workspace_bwd_hdim256_fp16(BwdParams const&);
 void run_bwd_hdim256_fp16(BwdParams const&, void*, cudaStream_t);
+size_t workspace_bwd_hdim192v128_bf16(BwdParams const&);
+void run_bwd_hdim192v128_bf16(BwdParams const&, void*, cudaStream_t);
+size_t workspace_bwd_hdim192v128_fp16(BwdParams const&);
+void run_bwd_hdim192v128_fp16(BwdParams const&, void*, cudaStream_t);
 
 struct FwdEntry {
     char const* name;
@@ -89,6 +95,12 @@ inline std::vector<FwdEntry> const& fwd_kernels() {
 #ifdef FLASH_DASH_HAS_FWD_HDIM256_FP16
     {"fwd_hdim256_fp16", 256, 256, at::kHalf, &run_fwd_hdim256_fp16},
 #endif
+#ifdef FLASH_DASH_HAS_FWD_HDIM192V128_BF16
+    {"fwd_hdim192v128_bf16", 192, 128, at::kBFloat16, &run_fwd_hdim192v128_bf16},
+#endif
+#ifdef FLASH_DASH_HAS_FWD_HDIM192V128_FP16
+    {"fwd_hdim192v128_fp16", 192, 128, at::kHalf, &run_fwd_hdim192v128_fp16},
+#endif
     };
     return table;
 }
@@ -124,6 +136,12 @@ inline std::vector<BwdEntry> const& bwd_kernels() {
 #endif
 #ifdef FLASH_DASH_HAS_BWD_HDIM256_FP16
     {"bwd_hdim256_fp16", 256, 256, at::kHalf, &workspace_bwd_hdim256_fp16, &run_bwd_hdim256_fp16},
+#endif
+#ifdef FLASH_DASH_HAS_BWD_HDIM192V128_BF16
+    {"bwd_hdim192v128_bf16", 192, 128, at::kBFloat16, &workspace_bwd_hdim192v128_bf16, &run_bwd_hdim192v128_bf16},
+#endif
+#ifdef FLASH_DASH_HAS_BWD_HDIM192V128_FP16
+    {"bwd_hdim192v128_fp16", 192, 128, at::kHalf, &workspace_bwd_hdim192v128_fp16, &run_bwd_hdim192v128_fp16},
 #endif
     };
     return table;

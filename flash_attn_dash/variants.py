@@ -86,7 +86,17 @@ class HeadDim:
     @property
     def tag(self) -> str:
         """``hdim128`` (or ``hdim192v128`` when the V head dim differs)."""
-        return f"hdim{self.qk}" if self.qk == self.v else f"hdim{self.qk}v{self.v}"
+        return f"hdim{self.build_name}"
+
+    @property
+    def build_name(self) -> str:
+        """How ``FLASH_DASH_HDIMS`` names the entry: ``128``, or ``192v128`` when the V head dim differs."""
+        return f"{self.qk}" if self.qk == self.v else f"{self.qk}v{self.v}"
+
+    @property
+    def label(self):
+        """The entry in messages: ``128``, or the pair ``(192, 128)`` when the V head dim differs."""
+        return self.qk if self.qk == self.v else (self.qk, self.v)
 
     def fwd(self, mask: str) -> FwdTile:
         _check_mask(mask)
@@ -120,6 +130,14 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_causal=FwdTile(128, 64, kv_stages=2),
             bwd=BwdTile(64, 48, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
             fwd_inline_steps=True),
+    # DeepSeek-V3's MLA (qk 192, v 128), hdim 192's tiles, not in the default build until its GPU tests pass: V, O,
+    # dO and dV are narrower, so the forward's O staging tile fits beside Q and the K/V stages (O leaves by TMA) and
+    # the backward keeps 20 KB of shared memory spare.
+    HeadDim(192, 128,
+            fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 96, kv_stages=2),
+            bwd=BwdTile(64, 96, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
+            default_build=False, fwd_inline_steps=True),
 )
 
 

@@ -34,8 +34,9 @@ def _prologue(gmma_n: set[int]) -> str:
 
 
 def _fwd_traits(h: V.HeadDim, t: V.FwdTile, dtype: str, prefetch: bool) -> str:
+    v = "" if h.v == h.qk else f", {h.v}"  # FwdKernelTraits' V head dim defaults to the QK one
     return (f"FwdKernelTraits<{h.qk}, {t.block_m}, {t.block_n}, {t.kv_stages}, {ELEMENT[dtype]}, {t.q_stages}, "
-            f"{'true' if prefetch else 'false'}>")
+            f"{'true' if prefetch else 'false'}{v}>")
 
 
 def fwd_unit(v: V.Variant) -> str:
@@ -65,15 +66,18 @@ def bwd_gmma_n(h: V.HeadDim) -> set[int]:
     dq_n = h.qk if t.block_m == 128 else h.qk // 2  # 64-row tiles split the dQ GEMM's N over the warpgroups
     if not t.swap_dkv:
         return {t.block_m, h.qk, h.v, dq_n}  # S^T and dP^T, dK and dV (the WGs split the keys: M), dQ
-    dkv_n = t.block_n if h.qk % 128 == 0 else t.block_n // 2  # the WGs split dK^T/dV^T's head dim, else its keys
+    split_d = h.qk % 128 == 0 and h.v % 128 == 0
+    dkv_n = t.block_n if split_d else t.block_n // 2  # the WGs split dK^T/dV^T's head dims, else their keys
     return {t.block_n // 2, dkv_n, dq_n}  # S and dP (the WGs split the keys), dK^T and dV^T, dQ
 
 
 def bwd_unit(v: V.Variant) -> str:
     h, t = v.head, v.head.bwd
     args = [ELEMENT[v.dtype], h.qk, t.block_m, t.block_n, t.producer_regs, t.mma_regs]
-    if (t.q_stages, t.do_stages, t.swap_dkv) != (2, 2, False):  # BwdTraits' defaults
+    if (t.q_stages, t.do_stages, t.swap_dkv, h.v) != (2, 2, False, h.qk):  # BwdTraits' defaults
         args += [t.q_stages, t.do_stages, str(t.swap_dkv).lower()]
+    if h.v != h.qk:
+        args.append(h.v)
     traits = f"bwd::BwdTraits<{', '.join(str(a) for a in args)}>"
     return (HEADER + _prologue(bwd_gmma_n(h)) + '#include "bwd/launch.h"\n\nnamespace flash_dash {\n\n'
             f"using Traits_{v.name} = {traits};\n\n"

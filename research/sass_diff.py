@@ -32,7 +32,11 @@ _FWD4 = r"(flash_fwd_kernel_sm90<[\w:]*FwdKernelTraits<[^<>]*>(?:, (?:true|false
 _BWD_VARLEN = r"(bwd_kernel_sm90<.*?, (?:true|false)), (false|true)>\("
 # The backward's stage counts and dK/dV layout (BwdTraits' last three arguments, newest of all): their defaults
 # (2, 2, false) are the configuration that existed before them.
-KEY_RULES = [(re.compile(r"(BwdTraits<[^<>]*), 2, 2, false>"), r"\1>"),
+# The V head dim (FwdKernelTraits' and BwdTraits' last argument, newer than all of the above) goes before them: equal
+# to the QK head dim is the kernel that existed before it.
+_V_HEAD_DIM = [(re.compile(r"(FwdKernelTraits<(\d+), [^<>]*?), \2>"), r"\1>"),
+               (re.compile(r"(BwdTraits<[^,<>]+, (\d+), [^<>]*?), \2>"), r"\1>")]
+KEY_RULES = _V_HEAD_DIM + [(re.compile(r"(BwdTraits<[^<>]*), 2, 2, false>"), r"\1>"),
              (re.compile(_FWD4 + r", false>"), r"\1>"),
              (re.compile(_FWD4 + r", true>"), r"\1, VARLEN>"),
              (re.compile(_BWD_VARLEN), lambda m: m.group(1) + (">(" if m.group(2) == "false" else ", VARLEN>(")),

@@ -28,7 +28,7 @@ def _bwd_smem_bytes(h: variants.HeadDim) -> int:
     """An estimate of the backward's shared storage (BwdTraits::SharedStorage, whose static_assert is the exact check):
     the 16-bit tiles 1 KB aligned, the fp32 dQ hand-off, LSE / dPsum, 512 B for barriers and the tile ring."""
     t = h.bwd
-    tiles = [t.q_stages * t.block_m * h.qk, t.do_stages * t.block_m * h.qk, t.block_n * h.qk, t.block_n * h.qk,
+    tiles = [t.q_stages * t.block_m * h.qk, t.do_stages * t.block_m * h.v, t.block_n * h.qk, t.block_n * h.v,
              2 * t.block_m * t.block_n]  # Q, dO, K, V, the two P/dS buffers
     kb = sum(-(-2 * n // 1024) * 1024 for n in tiles)
     return kb + 4 * t.block_m * h.qk + 4 * t.block_m * (t.q_stages + t.do_stages) + 512
@@ -38,13 +38,15 @@ def _bwd_smem_bytes(h: variants.HeadDim) -> int:
 def test_backward_layout_of_each_entry(h):
     """Head dims above 128 swap dK/dV (two 64 x d fp32 accumulators per warpgroup do not fit its registers); the
     swapped layout has one 64-row S GMMA whose keys the warpgroups halve (a multiple of 8 each) and, where the head
-    dim is not a multiple of 128, halves of the keys for dK^T/dV^T too; the plain layout splits 128 keys."""
+    dim is not a multiple of 128, halves of the keys for dK^T/dV^T too; the plain layout splits 128 keys. The V head
+    dim (MLA) meets the same bounds."""
     t = h.bwd
-    assert t.swap_dkv == (h.qk > 128)
-    assert h.qk % 32 == 0 and h.qk <= (256 if t.swap_dkv else 128)
+    assert t.swap_dkv == (max(h.qk, h.v) > 128)
+    for d in (h.qk, h.v):
+        assert d % 32 == 0 and d <= (256 if t.swap_dkv else 128)
     if t.swap_dkv:
         assert t.block_m == 64 and t.block_n % 16 == 0
-        dkv_n = t.block_n if h.qk % 128 == 0 else t.block_n // 2
+        dkv_n = t.block_n if h.qk % 128 == 0 and h.v % 128 == 0 else t.block_n // 2
         assert dkv_n % 8 == 0
     else:
         assert t.block_n == 128 and t.block_m in (64, 128)
@@ -55,13 +57,16 @@ def test_backward_layout_of_each_entry(h):
 
 def test_default_entries_keep_their_generated_units():
     """The default-build entries pass BwdTraits its old six arguments (the new ones at their defaults); the swapped
-    ones pass all nine, and their translation units enable the extended GMMA shapes their key halves need."""
+    ones pass all nine (ten with a V head dim of their own), and their translation units enable the extended GMMA
+    shapes their key halves need."""
     units = generate.files()
     for h in variants.HEAD_DIMS:
         t = h.bwd
         text = units[generate.GENERATED / f"bwd_{h.tag}_bf16.cu"]
         six = f"BwdTraits<cutlass::bfloat16_t, {h.qk}, {t.block_m}, {t.block_n}, {t.producer_regs}, {t.mma_regs}"
-        if t.swap_dkv:
+        if h.v != h.qk:
+            assert f"{six}, {t.q_stages}, {t.do_stages}, {str(t.swap_dkv).lower()}, {h.v}>" in text
+        elif t.swap_dkv:
             assert f"{six}, {t.q_stages}, {t.do_stages}, true>" in text
         else:
             assert f"{six}>" in text
@@ -69,6 +74,7 @@ def test_default_entries_keep_their_generated_units():
         assert extended == any(n not in generate.BASE_GMMA_N for n in generate.bwd_gmma_n(h))
     assert generate.bwd_gmma_n(variants.head_dim(256)) == {24, 48, 128}
     assert generate.bwd_gmma_n(variants.head_dim(192)) == {48, 96}
+    assert generate.bwd_gmma_n(variants.head_dim(192, 128)) == {48, 96}
 
 
 @pytest.mark.parametrize("qk", [h.qk for h in variants.HEAD_DIMS if h.bwd.block_n % h.bwd.block_m])

@@ -34,9 +34,40 @@ def test_build_config_selects_by_knobs(monkeypatch):
     defaults = [h for h in variants.HEAD_DIMS if h.default_build]
     assert len(build_config.kernel_sources()) == 2 * len(defaults)
     monkeypatch.setenv("FLASH_DASH_HDIMS", "80")
-    table = ", ".join(str(h.qk) for h in variants.HEAD_DIMS)
-    with pytest.raises(ValueError, match=rf"FLASH_DASH_HDIMS.*\[{table}\]"):
+    table = ", ".join(h.build_name for h in variants.HEAD_DIMS)
+    assert "192v128" in table
+    with pytest.raises(ValueError, match=rf"FLASH_DASH_HDIMS='80': unsupported 80; .*\[{table}\]"):
         build_config.kernel_sources()
+
+
+def test_build_config_names_a_v_head_dim_pair(monkeypatch):
+    """FLASH_DASH_HDIMS names the MLA entry (qk 192, v 128) as 192v128; 192 alone is the (192, 192) entry."""
+    monkeypatch.setenv("FLASH_DASH_DTYPES", "bf16")
+    monkeypatch.setenv("FLASH_DASH_HDIMS", "192v128")
+    assert build_config.kernel_sources() == ["hopper/generated/fwd_hdim192v128_bf16.cu",
+                                             "hopper/generated/bwd_hdim192v128_bf16.cu"]
+    assert build_config.compile_defines() == ["-DFLASH_DASH_HAS_FWD_HDIM192V128_BF16",
+                                              "-DFLASH_DASH_HAS_BWD_HDIM192V128_BF16"]
+    monkeypatch.setenv("FLASH_DASH_HDIMS", "192")
+    assert build_config.kernel_sources() == ["hopper/generated/fwd_hdim192_bf16.cu",
+                                             "hopper/generated/bwd_hdim192_bf16.cu"]
+    monkeypatch.setenv("FLASH_DASH_HDIMS", "192,128v192")
+    with pytest.raises(ValueError, match="unsupported 128v192"):
+        build_config.kernel_sources()
+
+
+def test_v_head_dim_reaches_the_generated_units():
+    """The MLA entry's units pass its V head dim as the traits' last argument and its kernel-table lines carry both
+    head dims; the equal-dim units keep the traits' default (their kernels are unchanged)."""
+    files = generate.files()
+    fwd = files[generate.GENERATED / "fwd_hdim192v128_bf16.cu"]
+    bwd = files[generate.GENERATED / "bwd_hdim192v128_bf16.cu"]
+    assert "FwdKernelTraits<192, 128, 96, 2, cutlass::bfloat16_t, 1, true, 128>" in fwd
+    assert "BwdTraits<cutlass::bfloat16_t, 192, 64, 96, 24, 240, 2, 1, true, 128>" in bwd
+    assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in bwd  # keys split in halves of 48
+    assert '{"fwd_hdim192v128_bf16", 192, 128, at::kBFloat16' in files[generate.KERNEL_TABLE]
+    assert "BwdTraits<cutlass::bfloat16_t, 192, 64, 96, 24, 240, 2, 1, true>" in \
+        files[generate.GENERATED / "bwd_hdim192_bf16.cu"]
 
 
 def test_every_selected_source_is_generated():

@@ -64,6 +64,27 @@ def test_sass_diff_register_renaming():
     assert not registers_renamed(a, a[:1])
 
 
+def test_sass_diff_keys_drop_a_v_head_dim_equal_to_the_qk_one():
+    """research/sass_diff.py: a kernel whose traits name a V head dim equal to the QK one keys as the kernel before
+    the V head dim existed; an MLA kernel (192, 128) keeps its own key."""
+    from research.sass_diff import KEY_RULES
+
+    def key(name):
+        for rule, repl in KEY_RULES:
+            name = rule.sub(repl, name)
+        return name
+
+    fwd = "flash_fwd_kernel_sm90<FwdKernelTraits<192, 128, 96, 2, bf16, 1, true{}>, false, false, false, false>"
+    assert key(fwd.format(", 192")) == key(fwd.format(""))
+    assert key(fwd.format(", 128")) != key(fwd.format(""))
+    bwd = "bwd_kernel_sm90<BwdTraits<bf16, 192, 64, 96, 24, 240, 2, 1, true{}>, true, false, false, true, Ascending>("
+    assert key(bwd.format(", 192")) == key(bwd.format(""))
+    assert key(bwd.format(", 128")) != key(bwd.format(""))
+    plain = "bwd_kernel_sm90<BwdTraits<bf16, 128, 64, 128, 40, 232, 2, 2, false{}>, true, false, false, true, Shift>("
+    assert key(plain.format(", 128")) == key(plain.format("")) == key(
+        "bwd_kernel_sm90<BwdTraits<bf16, 128>, true, false, false, true, Shift>(")
+
+
 def test_ncu_sass_reads_the_step_loop_and_keeps_same_named_kernels_apart(tmp_path):
     """research/ncu_sass.py on a two-kernel source page: a block repeated verbatim is dropped, a different kernel of
     the same name (a JIT's two builds) is kept, and the step loop is the instructions executed as often as the most

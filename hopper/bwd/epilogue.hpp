@@ -20,20 +20,24 @@ namespace bwd {
 // accumulators and counters at its key tile seq.n_start of each K/V head's (unfolded sequences only).
 template <class Traits, bool Deterministic, bool GqaFold, bool Varlen>
 struct BwdEpilogue {
-    template <class Params, class TiledMma, class Acc>
+    // dK and dV have their own head dims (Traits::kHeadDim, kHeadDimV): one loop walks both accumulators, element i of
+    // each (dV's may be the shorter), each with its own coordinates.
+    template <class Params, class TiledMmaK, class TiledMmaV, class AccK, class AccV>
     CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c,
-                                     VarlenSeq const& seq, int tid, TiledMma& mma_dkv, Acc& tdKacc, Acc& tdVacc) {
+                                     VarlenSeq const& seq, int tid, TiledMmaK& mma_dk, TiledMmaV& mma_dv,
+                                     AccK& tdKacc, AccV& tdVacc) {
         using namespace cute;
         using Element = typename Traits::Element;
         constexpr int kBlockN = Traits::kBlockN;
-        constexpr int kHeadDim = Traits::kHeadDim;
-        auto thr = mma_dkv.get_thread_slice(tid);
-        Tensor cKV = make_identity_tensor(typename Traits::ShapedKV{});
-        Tensor tcKV = thr.partition_C(cKV);
+        constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
+        Tensor tcK = mma_dk.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::ShapedK{}));
+        Tensor tcV = mma_dv.get_thread_slice(tid).partition_C(make_identity_tensor(typename Traits::ShapedV{}));
         // Accumulator element i's key (within the tile) and column; kVec elements from i on are adjacent columns.
-        auto key_of = [&](int i) { return int(get<Traits::kKeyMode>(tcKV(i))); };
-        auto col_of = [&](int i) { return int(get<1 - Traits::kKeyMode>(tcKV(i))); };
+        auto key_of = [&](auto const& tc, int i) { return int(get<Traits::kKeyMode>(tc(i))); };
+        auto col_of = [&](auto const& tc, int i) { return int(get<1 - Traits::kKeyMode>(tc(i))); };
         constexpr int kVec = Traits::kSwapdKV ? 1 : 2;
+        constexpr int kElemsK = decltype(size(tdKacc))::value, kElemsV = decltype(size(tdVacc))::value;
+        constexpr int kElems = kElemsK > kElemsV ? kElemsK : kElemsV;
         float const scale = params.softmax_scale;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
@@ -44,30 +48,29 @@ struct BwdEpilogue {
         if (walk.folded() || params.dk_accum == nullptr) {
             Element* dk = params.dk + (Varlen ? seq.k_start * params.dk_row : c.b * params.dk_batch) + hk * params.dk_head;
             Element* dv = params.dv + (Varlen ? seq.k_start * params.dv_row : c.b * params.dv_batch) + hk * params.dv_head;
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < size(tdKacc); i += kVec) {
-                int const row = n_base + key_of(i);
-                int const col = col_of(i);
+            // kVec elements from i on, in the input dtype, into row `key` of `out`, if the row is a key.
+            auto put = [&](auto const& acc, auto const& tc, Element* out, int64_t row_stride, int i) {
+                int const row = n_base + key_of(tc, i);
                 if (row < sched.seqlen_k) {
                     cutlass::NumericArrayConverter<Element, float, kVec> cvt;
-                    cutlass::Array<float, kVec> k2, v2;
-                    k2[0] = tdKacc(i);
-                    if constexpr (kVec == 2) { k2[1] = tdKacc(i + 1); }
-                    v2[0] = tdVacc(i);
-                    if constexpr (kVec == 2) { v2[1] = tdVacc(i + 1); }
-                    auto ko = cvt(k2);
-                    auto vo = cvt(v2);
-                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(dk + row * params.dk_row + col) = ko;
-                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(dv + row * params.dv_row + col) = vo;
+                    cutlass::Array<float, kVec> x;
+                    x[0] = acc(i);
+                    if constexpr (kVec == 2) { x[1] = acc(i + 1); }
+                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(out + row * row_stride + col_of(tc, i)) = cvt(x);
                 }
+            };
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kElems; i += kVec) {
+                if (i < kElemsK) { put(tdKacc, tcK, dk, params.dk_row, i); }
+                if (i < kElemsV) { put(tdVacc, tcV, dv, params.dv_row, i); }
             }
         } else {
-            // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major, padded rows (no bounds check).
+            // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major (d: dK's or dV's head dim), padded rows (no
+            // bounds check).
             int64_t const tile = Varlen ? int64_t(hk) * params.varlen_n_cap + seq.n_start + c.n
                                         : (int64_t(c.b) * sched.heads_k + hk) * sched.num_n + c.n;
-            int64_t const base = tile * int64_t(kBlockN * kHeadDim);
-            float* dk = params.dk_accum + base;
-            float* dv = params.dv_accum + base;
+            float* dk = params.dk_accum + tile * int64_t(kBlockN * kHeadDim);
+            float* dv = params.dv_accum + tile * int64_t(kBlockN * kHeadDimV);
             int* sem = params.dkv_sem + (Varlen ? tile : (int64_t(c.n) * sched.batch + c.b) * sched.heads_k + hk);
             if constexpr (Deterministic) {
                 cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
@@ -75,16 +78,18 @@ struct BwdEpilogue {
                 cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
             }
             // Pairs of adjacent columns as one 8-byte reduction (REDG.F32x2): half the atomics of scalar adds.
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < size(tdKacc); i += kVec) {
-                int const off = key_of(i) * kHeadDim + col_of(i);
+            auto add = [&](auto const& acc, auto const& tc, float* out, int head_dim, int i) {
+                int const off = key_of(tc, i) * head_dim + col_of(tc, i);
                 if constexpr (kVec == 2) {
-                    atomicAdd(reinterpret_cast<float2*>(dk + off), make_float2(tdKacc(i), tdKacc(i + 1)));
-                    atomicAdd(reinterpret_cast<float2*>(dv + off), make_float2(tdVacc(i), tdVacc(i + 1)));
+                    atomicAdd(reinterpret_cast<float2*>(out + off), make_float2(acc(i), acc(i + 1)));
                 } else {
-                    atomicAdd(dk + off, tdKacc(i));
-                    atomicAdd(dv + off, tdVacc(i));
+                    atomicAdd(out + off, acc(i));
                 }
+            };
+            CUTLASS_PRAGMA_UNROLL
+            for (int i = 0; i < kElems; i += kVec) {
+                if (i < kElemsK) { add(tdKacc, tcK, dk, kHeadDim, i); }
+                if (i < kElemsV) { add(tdVacc, tcV, dv, kHeadDimV, i); }
             }
             if constexpr (Deterministic) {
                 __threadfence();

@@ -67,7 +67,8 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
     pq.num_consumers = NumMmaThreads;
     pq.transaction_bytes = Traits::kTmaBytesQ + kBlockM * sizeof(float);
     PipelineQ pipeline_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
-    PipelinedO pipeline_do(ss.pipeline_do, dO_pipeline_params<PipelinedO>(pq), Shape<_1, _1, _1>{});
+    PipelinedO pipeline_do(ss.pipeline_do, dO_pipeline_params<PipelinedO>(pq, Traits::kTmaBytesdO + kBlockM * sizeof(float)),
+                           Shape<_1, _1, _1>{});
     cutlass::arch::fence_barrier_init();
     __syncthreads();
 

@@ -20,10 +20,17 @@ struct BwdKernelParams {
     using TmaQ = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GTensor{},
                                               cute::take<0, 2>(typename Traits::SmemLayoutQ{}),
                                               cute::Shape<typename Traits::TileM, typename Traits::TileD>{}, cute::_1{}));
+    using TmadO = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GTensor{},
+                                               cute::take<0, 2>(typename Traits::SmemLayoutdO{}),
+                                               cute::Shape<typename Traits::TileM, typename Traits::TileDV>{}, cute::_1{}));
     using TmaK = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GTensor{}, typename Traits::SmemLayoutK{},
                                               cute::Shape<typename Traits::TileN, typename Traits::TileD>{}, cute::_1{}));
-    TmaQ tma_q, tma_do;
-    TmaK tma_k, tma_v;
+    using TmaV = decltype(cute::make_tma_copy(cute::SM90_TMA_LOAD{}, GTensor{}, typename Traits::SmemLayoutV{},
+                                              cute::Shape<typename Traits::TileN, typename Traits::TileDV>{}, cute::_1{}));
+    TmaQ tma_q;
+    TmadO tma_do;
+    TmaK tma_k;
+    TmaV tma_v;
     SchedShape sched;
     int head_dim, group;
     // softmax_scale scales dK and dQ; scale_log2 turns the scores the softmax sees into exp2 units: softmax_scale *

@@ -29,7 +29,7 @@ inline size_t align_up(size_t x, size_t a = 256) { return (x + a - 1) / a * a; }
 //   dq_sem    int32 (M, B, H), a pack (H, m_cap)
 //   tile_counter int32: tiles claimed after the first G (dynamic grid; zeroed by the preprocess)
 //   GQA only, unless a dense call folds (a folded tile stores its dK/dV itself; a pack's unfolded sequences use them):
-//   dk_accum, dv_accum fp32 (key tiles, kBlockN, d)
+//   dk_accum, dv_accum fp32 (key tiles, kBlockN, d), d: dK's or dV's head dim
 //   row-major; dkv_sem int32 (N, B, Hk), a pack (Hk, n_cap)
 //   a pack only: the prepare CTA's views and table (common/varlen.hpp)
 struct WorkspaceLayout {
@@ -59,7 +59,7 @@ WorkspaceLayout workspace_layout(BwdParams const& p) {
     w.gqa = p.num_heads_k != p.num_heads && !(p.gqa_fold && !varlen);
     if (w.gqa) {
         w.dk_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
-        w.dv_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDim) * 4);
+        w.dv_accum = off; off = align_up(off + size_t(k_tiles * Traits::kBlockN * Traits::kHeadDimV) * 4);
         w.dkv_sem = off;  off = align_up(off + size_t(k_tiles) * 4);
     }
     w.varlen = off;
@@ -206,13 +206,16 @@ template <class Traits>
 void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     using Element = typename Traits::Element;
     constexpr int kBlockM = Traits::kBlockM, kBlockN = Traits::kBlockN, kHeadDim = Traits::kHeadDim;
+    constexpr int kHeadDimV = Traits::kHeadDimV;
     if (int(p.schedule) < 0 || int(p.schedule) >= kNumSchedules) {
         throw std::invalid_argument("flash_dash bwd: unknown schedule id " + std::to_string(int(p.schedule)));
     }
     if (char const* why = mask_mismatch(p.schedule, p.is_causal)) { throw std::invalid_argument(why); }
     bool const local = p.is_causal && is_sliding_window(p.window_left, p.window_right);
     if (char const* why = softcap_error(p.softcap, local, p.sink != nullptr)) { throw std::invalid_argument(why); }
-    if (p.head_dim != kHeadDim) { throw std::invalid_argument("flash_dash bwd: head_dim mismatch"); }
+    if (p.head_dim != kHeadDim || p.head_dim_v != kHeadDimV) {
+        throw std::invalid_argument("flash_dash bwd: head_dim / head_dim_v mismatch");
+    }
     if (p.num_heads_k <= 0 || p.num_heads % p.num_heads_k != 0) {
         throw std::invalid_argument("flash_dash bwd: num_heads must be a multiple of num_heads_k");
     }
@@ -262,12 +265,13 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     pre.dq_sem = reinterpret_cast<int*>(ws + w.dq_sem);
     pre.tile_counter = reinterpret_cast<int*>(ws + w.tile_counter);
     pre.varlen_seqs = vw.seqs;
+    // dPsum = rowsum(dO * O): over V's head dim.
     if (varlen) {
-        bwd_preprocess_kernel<Element, kBlockM, kHeadDim, true><<<dim3(M, p.num_heads, 1), kPreprocessThreads, 0,
-                                                                  stream>>>(pre);
+        bwd_preprocess_kernel<Element, kBlockM, kHeadDimV, true><<<dim3(M, p.num_heads, 1), kPreprocessThreads, 0,
+                                                                   stream>>>(pre);
     } else {
-        bwd_preprocess_kernel<Element, kBlockM, kHeadDim, false><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads,
-                                                                   0, stream>>>(pre);
+        bwd_preprocess_kernel<Element, kBlockM, kHeadDimV, false><<<dim3(M, p.num_heads, p.batch), kPreprocessThreads,
+                                                                    0, stream>>>(pre);
     }
     check_launch("preprocess launch");
     if (p.dsink != nullptr) {
@@ -296,12 +300,12 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
     int const batch = s.batch;  // the descriptors': a pack is one batch of packed rows
     kp.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mk(p.q, p.seqlen_q, p.num_heads, batch, p.q_stride, kHeadDim),
                              take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
-    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mk(p.dout, p.seqlen_q, p.num_heads, batch, p.do_stride, kHeadDim),
-                              take<0, 2>(typename Traits::SmemLayoutQ{}), Shape<typename Traits::TileM, typename Traits::TileD>{}, _1{});
+    kp.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mk(p.dout, p.seqlen_q, p.num_heads, batch, p.do_stride, kHeadDimV),
+                              take<0, 2>(typename Traits::SmemLayoutdO{}), Shape<typename Traits::TileM, typename Traits::TileDV>{}, _1{});
     kp.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mk(p.k, p.seqlen_k, p.num_heads_k, batch, p.k_stride, kHeadDim),
                              typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
-    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, batch, p.v_stride, kHeadDim),
-                             typename Traits::SmemLayoutK{}, Shape<typename Traits::TileN, typename Traits::TileD>{}, _1{});
+    kp.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mk(p.v, p.seqlen_k, p.num_heads_k, batch, p.v_stride, kHeadDimV),
+                             typename Traits::SmemLayoutV{}, Shape<typename Traits::TileN, typename Traits::TileDV>{}, _1{});
     kp.sched = s;
     kp.head_dim = kHeadDim;
     kp.group = p.num_heads / p.num_heads_k;
@@ -365,20 +369,22 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         kv.batch_size = p.batch; kv.heads_k = p.num_heads_k; kv.seqlen_k = p.seqlen_k; kv.rows_padded = N * kBlockN;
         kv.varlen_seqs = vw.seqs;
         kv.block_n = kBlockN;
-        int64_t const total = int64_t(p.batch) * p.num_heads_k * p.seqlen_k * (kHeadDim / 8);
-        int const blocks = int(std::min<int64_t>((total + kPostprocessThreads - 1) / kPostprocessThreads, 65535));
-        auto convert = [&] {
+        // One accumulator of kCols columns (dK's or dV's head dim).
+        auto convert = [&](auto cols) {
+            constexpr int kCols = decltype(cols)::value;
             if (varlen) {
-                bwd_postprocess_kv_varlen_kernel<Element, kHeadDim><<<dim3(N, p.num_heads_k), kPostprocessThreads, 0,
-                                                                      stream>>>(kv);
+                bwd_postprocess_kv_varlen_kernel<Element, kCols><<<dim3(N, p.num_heads_k), kPostprocessThreads, 0,
+                                                                   stream>>>(kv);
             } else {
-                bwd_postprocess_kv_kernel<Element, kHeadDim><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
+                int64_t const total = int64_t(p.batch) * p.num_heads_k * p.seqlen_k * (kCols / 8);
+                int const blocks = int(std::min<int64_t>((total + kPostprocessThreads - 1) / kPostprocessThreads, 65535));
+                bwd_postprocess_kv_kernel<Element, kCols><<<blocks, kPostprocessThreads, 0, stream>>>(kv);
             }
         };
         kv.accum = kp.dk_accum; kv.out = p.dk; kv.row = p.dk_stride.row; kv.head = p.dk_stride.head; kv.batch = p.dk_stride.batch;
-        convert();
+        convert(Int<kHeadDim>{});
         kv.accum = kp.dv_accum; kv.out = p.dv; kv.row = p.dv_stride.row; kv.head = p.dv_stride.head; kv.batch = p.dv_stride.batch;
-        convert();
+        convert(Int<kHeadDimV>{});
         check_launch("postprocess dk/dv launch");
     }
 }

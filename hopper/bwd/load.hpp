@@ -39,10 +39,13 @@ struct BwdLoad {
         Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
         auto shape_q = make_shape(sched.seqlen_q, params.head_dim, siblings.query_heads(sched), sched.batch);
         auto shape_k = make_shape(sched.seqlen_k, params.head_dim, sched.heads_k, sched.batch);
+        // dO and V: their own head dim (shape_q / shape_k's otherwise).
+        auto shape_do = make_shape(sched.seqlen_q, int(Traits::kHeadDimV), siblings.query_heads(sched), sched.batch);
+        auto shape_v = make_shape(sched.seqlen_k, int(Traits::kHeadDimV), sched.heads_k, sched.batch);
         Tensor mQ = params.tma_q.get_tma_tensor(shape_q);
-        Tensor mdO = params.tma_do.get_tma_tensor(shape_q);
+        Tensor mdO = params.tma_do.get_tma_tensor(shape_do);
         Tensor mK = params.tma_k.get_tma_tensor(shape_k);
-        Tensor mV = params.tma_v.get_tma_tensor(shape_k);
+        Tensor mV = params.tma_v.get_tma_tensor(shape_v);
         cutlass::PipelineState<Traits::kStagesQ> pipe_write = cutlass::make_producer_start_state<PipelineQ>();
         using DoStates = DoState<Traits::kStagesQ, Traits::kStagesdO>;
         [[maybe_unused]] typename DoStates::type pipe_write_do{};  // dO's own (bwd/qdo_pipelines.hpp)
@@ -61,16 +64,16 @@ struct BwdLoad {
             auto const walk = Tiles::tile_siblings(params.group, seq);
             int const hk = walk.kv_head(c);
             Tensor gK = local_tile(Tiles::rows(mK, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
-            Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
+            Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileDV>{}, make_coord(c.n, _0{}));
             auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
 
-            ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, 2 * Traits::kTmaBytesK);
+            ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, Traits::kTmaBytesK + Traits::kTmaBytesV);
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
             copy(params.tma_v.with(ss.barrier_kv), tVgV, tVsV);
             auto head = [&](int h) CUTLASS_LAMBDA_FUNC_INLINE {
                 Tensor gQ = local_tile(Tiles::rows(mQ, h, c.b, seq.q_start), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
-                Tensor gdO = local_tile(Tiles::rows(mdO, h, c.b, seq.q_start), Shape<typename Traits::TileM, typename Traits::TileD>{}, make_coord(_, _0{}));
+                Tensor gdO = local_tile(Tiles::rows(mdO, h, c.b, seq.q_start), Shape<typename Traits::TileM, typename Traits::TileDV>{}, make_coord(_, _0{}));
                 auto q = tma_partition(params.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
                 auto dO = tma_partition(params.tma_do, _0{}, Layout<_1>{}, group_modes<0, 2>(sdO), group_modes<0, 2>(gdO));
                 // The tile's LSE / dPsum rows: (b, h)'s, or the sequence's tiles of head h.

@@ -64,10 +64,12 @@ struct BwdMainloop {
         Tensor sdSt = make_tensor(make_smem_ptr(ss.smem_ds.data()), typename Traits::SmemLayoutdSt{});
 
         typename Traits::TiledMmaSdP mma_sdp;
-        typename Traits::TiledMmadKV mma_dkv;
+        typename Traits::TiledMmadK mma_dk;
+        typename Traits::TiledMmadV mma_dv;
         typename Traits::TiledMmadQ mma_dq;
         auto thr_sdp = mma_sdp.get_thread_slice(tid);
-        auto thr_dkv = mma_dkv.get_thread_slice(tid);
+        auto thr_dk = mma_dk.get_thread_slice(tid);
+        auto thr_dv = mma_dv.get_thread_slice(tid);
         auto thr_dq = mma_dq.get_thread_slice(tid);
 
         // The K/V side is the A operand of S^T and dP^T, the B operand of S and dP (swapped); the Q/dO side of the
@@ -76,8 +78,8 @@ struct BwdMainloop {
         Tensor tSrQ = operand_fragment<!kSwap>(thr_sdp, sQ);
         Tensor tdPrV = operand_fragment<kSwap>(thr_sdp, sV);
         Tensor tdPrdO = operand_fragment<!kSwap>(thr_sdp, sdO);
-        Tensor tdVrdO = operand_fragment<!kSwap>(thr_dkv, sdOt);
-        Tensor tdKrQ = operand_fragment<!kSwap>(thr_dkv, sQt);
+        Tensor tdVrdO = operand_fragment<!kSwap>(thr_dv, sdOt);
+        Tensor tdKrQ = operand_fragment<!kSwap>(thr_dk, sQt);
         Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
         Tensor tdQrK = thr_dq.partition_fragment_B(sKt);
 
@@ -110,8 +112,8 @@ struct BwdMainloop {
             auto const st = Policy::init(shape, c);
             int const steps = Policy::num_steps(shape, c, st);
             int const off = Varlen ? shape.seqlen_k - shape.seqlen_q : dense_off;
-            Tensor tdKacc = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
-            Tensor tdVacc = partition_fragment_C(mma_dkv, typename Traits::ShapedKV{});
+            Tensor tdKacc = partition_fragment_C(mma_dk, typename Traits::ShapedK{});
+            Tensor tdVacc = partition_fragment_C(mma_dv, typename Traits::ShapedV{});
             clear(tdKacc);
             clear(tdVacc);
             int const n_base = c.n * kBlockN;
@@ -209,19 +211,19 @@ struct BwdMainloop {
                     cutlass::arch::NamedBarrier::sync(NumMmaThreads, uint32_t(BwdBarrier::PdS));
 
                     // The dK/dV GEMMs' P and dS: registers (RS) or the buffers just written (SS).
-                    auto pds_operand = [&](auto& r, int buf) {
+                    auto pds_operand = [&](auto const& thr, auto& r, int buf) {
                         if constexpr (kSwap) {
-                            return operand_fragment<true>(thr_dkv, sdSt)(_, _, _, buf);
+                            return operand_fragment<true>(thr, sdSt)(_, _, _, buf);
                         } else {
                             return make_tensor(r.data(), acc_layout_to_a_operand(r.layout()));
                         }
                     };
-                    Tensor tdVrP = pds_operand(rP, int(Traits::kBufP));
-                    Tensor tdKrdS = pds_operand(rdS, int(Traits::kBufdS));
-                    gemm_ab<false, kSwap>(mma_dkv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
+                    Tensor tdVrP = pds_operand(thr_dv, rP, int(Traits::kBufP));
+                    Tensor tdKrdS = pds_operand(thr_dk, rdS, int(Traits::kBufdS));
+                    gemm_ab<false, kSwap>(mma_dv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
                     Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
                     wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
-                    gemm_ab<false, kSwap>(mma_dkv, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                    gemm_ab<false, kSwap>(mma_dk, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
                     warpgroup_wait<1>();  // dV and dQ retired
                     if constexpr (DoStates::kOwnState) { pipeline_do.consumer_release(pipe_read_do); }
                     else { pipeline_do.consumer_release(pipe_read); }
@@ -246,8 +248,8 @@ struct BwdMainloop {
                 ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;
             }
-            BwdEpilogue<Traits, Deterministic, GqaFold, Varlen>::store(params, shape, c, seq, tid, mma_dkv, tdKacc,
-                                                                       tdVacc);
+            BwdEpilogue<Traits, Deterministic, GqaFold, Varlen>::store(params, shape, c, seq, tid, mma_dk, mma_dv,
+                                                                       tdKacc, tdVacc);
         }
     }
 };

@@ -8,15 +8,17 @@
 namespace flash_dash {
 namespace bwd {
 
-// The dO pipeline's parameters: the Q pipeline's (both carry a tile and one fp32 per row), in its own type when the
-// stage counts differ.
+// The dO pipeline's parameters: the Q pipeline's but for its own transaction bytes (a dO tile, whose head dim may
+// differ from Q's, and one fp32 per row), in its own type when the stage counts differ.
 template <class PipelinedO, class ParamsQ>
-CUTLASS_DEVICE typename PipelinedO::Params dO_pipeline_params(ParamsQ const& pq) {
+CUTLASS_DEVICE typename PipelinedO::Params dO_pipeline_params(ParamsQ const& pq, uint32_t transaction_bytes) {
     if constexpr (cute::is_same_v<ParamsQ, typename PipelinedO::Params>) {
-        return pq;
+        ParamsQ p = pq;
+        p.transaction_bytes = transaction_bytes;
+        return p;
     } else {
         typename PipelinedO::Params p;
-        p.transaction_bytes = pq.transaction_bytes;
+        p.transaction_bytes = transaction_bytes;
         p.role = static_cast<typename PipelinedO::ThreadCategory>(static_cast<int>(pq.role));
         p.is_leader = pq.is_leader;
         p.num_consumers = pq.num_consumers;

@@ -35,13 +35,16 @@ using namespace cute;
 //   dim (a multiple of 128) or else the keys, so each holds half of dK^T and dV^T.
 // dQ = dS K reads dS from smem (MN-major); kBlockM == 128 splits dQ's M over the WGs, else its N.
 // kStagesQ / kStagesdO: shared-memory stages of Q+LSE and of dO+dPsum.
+// kHeadDim: Q, K, dQ and dK columns; kHeadDimV: V, O, dO and dV columns (e.g. 192 / 128 for DeepSeek's MLA).
 template <class Element_, int kHeadDim_, int kBlockM_, int kBlockN_, int kProducerRegs_, int kMmaRegs_,
-          int kStagesQ_ = 2, int kStagesdO_ = 2, bool kSwapdKV_ = false>
+          int kStagesQ_ = 2, int kStagesdO_ = 2, bool kSwapdKV_ = false, int kHeadDimV_ = kHeadDim_>
 struct BwdTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr bool kSwapdKV = kSwapdKV_;
-    static_assert(kHeadDim % 32 == 0 && kHeadDim <= (kSwapdKV ? 256 : 128),
+    static_assert(kHeadDim % 32 == 0 && kHeadDim <= (kSwapdKV ? 256 : 128) && kHeadDimV % 32 == 0 &&
+                      kHeadDimV <= (kSwapdKV ? 256 : 128),
                   "head dims: multiples of 32, up to 128 (up to 256 with swapped dK/dV)");
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
@@ -77,13 +80,17 @@ struct BwdTraits {
     using TileN = Int<kBlockN>;
     using TileM = Int<kBlockM>;
     using TileD = Int<kHeadDim>;
+    using TileDV = Int<kHeadDimV>;
     // The S / dP accumulator's (rows, cols): (keys, queries) plain, (queries, keys) swapped; the dK / dV
-    // accumulators' likewise (keys, d) or (d, keys).
+    // accumulators' likewise (keys, d) or (d, keys), each with its own head dim.
     using ShapeS = std::conditional_t<kSwapdKV, Shape<TileM, TileN>, Shape<TileN, TileM>>;
-    using ShapedKV = std::conditional_t<kSwapdKV, Shape<TileD, TileN>, Shape<TileN, TileD>>;
-    static constexpr int kKeyMode = kSwapdKV ? 1 : 0;  // the mode of ShapeS and ShapedKV that counts keys
-    // Swapped: whether the WGs split dK^T/dV^T's rows (the head dim, in 64-row GMMAs) or else its keys.
-    static constexpr bool kdKVSplitD = kSwapdKV && kHeadDim % 128 == 0;
+    template <class TileX>
+    using ShapedX = std::conditional_t<kSwapdKV, Shape<TileX, TileN>, Shape<TileN, TileX>>;
+    using ShapedK = ShapedX<TileD>;
+    using ShapedV = ShapedX<TileDV>;
+    static constexpr int kKeyMode = kSwapdKV ? 1 : 0;  // the mode of ShapeS, ShapedK and ShapedV that counts keys
+    // Swapped: whether the WGs split dK^T/dV^T's rows (the head dims, in 64-row GMMAs) or else their keys.
+    static constexpr bool kdKVSplitD = kSwapdKV && kHeadDim % 128 == 0 && kHeadDimV % 128 == 0;
     static constexpr int kdKVN = kdKVSplitD ? kBlockN : kBlockN / 2;  // swapped: GMMA N of one WG's dK^T/dV^T
 
     static auto make_mma_sdp() {
@@ -95,6 +102,8 @@ struct BwdTraits {
                                   Layout<Shape<_2, _1, _1>>{});
         }
     }
+    // dK (TileX = TileD) or dV (TileDV): the head dim is the GMMA N when plain; swapped, both are the same MMA.
+    template <class TileX>
     static auto make_mma_dkv() {
         if constexpr (kSwapdKV) {
             using Split = std::conditional_t<kdKVSplitD, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>;
@@ -102,13 +111,14 @@ struct BwdTraits {
                                                        GMMA::Major::MN, GMMA::Major::K>(),
                                   Split{});
         } else {
-            return make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, TileD, TileM>,
+            return make_tiled_mma(GMMA::rs_op_selector<Element, Element, float, Shape<_64, TileX, TileM>,
                                                        GMMA::Major::K, GMMA::Major::MN>(),
                                   Layout<Shape<_2, _1, _1>>{});
         }
     }
     using TiledMmaSdP = decltype(make_mma_sdp());
-    using TiledMmadKV = decltype(make_mma_dkv());
+    using TiledMmadK = decltype(make_mma_dkv<TileD>());
+    using TiledMmadV = decltype(make_mma_dkv<TileDV>());
     using AtomLayoutdQ = std::conditional_t<dQ_split_M, Layout<Shape<_2, _1, _1>>, Layout<Shape<_1, _2, _1>>>;
     using TiledMmadQ = decltype(make_tiled_mma(
         GMMA::ss_op_selector<Element, Element, float, Shape<_64, Int<kdQN>, TileN>, GMMA::Major::MN, GMMA::Major::MN>(),
@@ -116,7 +126,7 @@ struct BwdTraits {
     // ss_op_selector silently takes a narrower atom when an N is not a base GMMA N (the swapped layouts' key halves,
     // e.g. 24 or 48): the translation unit then needs CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED (hopper/generate.py).
     static_assert(decltype(size<1>(typename TiledMmaSdP::AtomShape_MNK{}))::value == (kSwapdKV ? kBlockN / 2 : kBlockM) &&
-                      (!kSwapdKV || decltype(size<1>(typename TiledMmadKV::AtomShape_MNK{}))::value == kdKVN),
+                      (!kSwapdKV || decltype(size<1>(typename TiledMmadK::AtomShape_MNK{}))::value == kdKVN),
                   "a GMMA N of this configuration needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED");
     static constexpr int kdQFragSize = kBlockM * kHeadDim / NumMmaThreads;  // fp32 per thread
     static_assert(kdQFragSize % 4 == 0);
@@ -125,15 +135,17 @@ struct BwdTraits {
 
     // The widest swizzle that divides a warpgroup's dQ columns (which divide d): the dQ GEMM reads K^T in column
     // slices of kdQN (128 B for hdim 64 and 128; 32 B for hdim 96, whose 48-column halves cut a 64 B atom).
+    // dO and V take the same atom (they have no column slices of their own).
     using SmemAtom = decltype(smem_atom_k_major<Element, kdQN>());
+    static_assert(kHeadDimV % decltype(size<1>(SmemAtom{}))::value == 0, "V's head dim must fill whole smem atoms");
     using SmemLayoutQ = decltype(tile_to_shape(SmemAtom{}, Shape<TileM, TileD, Int<kStagesQ>>{}));
-    using SmemLayoutdO = decltype(tile_to_shape(SmemAtom{}, Shape<TileM, TileD, Int<kStagesdO>>{}));
+    using SmemLayoutdO = decltype(tile_to_shape(SmemAtom{}, Shape<TileM, TileDV, Int<kStagesdO>>{}));
     using SmemLayoutK = decltype(tile_to_shape(SmemAtom{}, Shape<TileN, TileD>{}));
-    using SmemLayoutV = SmemLayoutK;
+    using SmemLayoutV = decltype(tile_to_shape(SmemAtom{}, Shape<TileN, TileDV>{}));
     using SmemLayoutQt = decltype(composition(
         SmemLayoutQ{}, make_layout(Shape<TileD, TileM, Int<kStagesQ>>{}, Stride<TileM, _1, Int<kBlockM * kHeadDim>>{})));
     using SmemLayoutdOt = decltype(composition(
-        SmemLayoutdO{}, make_layout(Shape<TileD, TileM, Int<kStagesdO>>{}, Stride<TileM, _1, Int<kBlockM * kHeadDim>>{})));
+        SmemLayoutdO{}, make_layout(Shape<TileDV, TileM, Int<kStagesdO>>{}, Stride<TileM, _1, Int<kBlockM * kHeadDimV>>{})));
     using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<TileD, TileN>{}, Stride<TileN, _1>{})));
     using SmemLayoutdS = decltype(tile_to_shape(GMMA::Layout_MN_SW128_Atom<Element>{}, Shape<TileM, TileN, Int<kStagesdS>>{}));
     using SmemLayoutdSt = decltype(composition(
@@ -167,7 +179,9 @@ struct BwdTraits {
     static_assert(sizeof(SharedStorage) <= kMaxSmemPerBlock, "exceeds the sm90 227 KB opt-in smem limit");
 
     static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+    static constexpr uint32_t kTmaBytesdO = kBlockM * kHeadDimV * sizeof(Element);
     static constexpr uint32_t kTmaBytesK = kBlockN * kHeadDim * sizeof(Element);
+    static constexpr uint32_t kTmaBytesV = kBlockN * kHeadDimV * sizeof(Element);
 };
 
 }  // namespace bwd

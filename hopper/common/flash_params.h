@@ -1,6 +1,6 @@
 // Torch-free parameter blocks shared by the binding (csrc/) and the kernels (hopper/).
 // Tensors are (batch, seqlen, heads, head_dim) with the last dim contiguous (packed: (rows, heads, head_dim)); strides
-// are in elements.
+// are in elements. q and k have head_dim columns, v and out head_dim_v (equal but for MLA-shaped calls).
 #pragma once
 #include <cstdint>
 
@@ -18,10 +18,10 @@ struct FwdParams {
     const void* q;
     const void* k;
     const void* v;
-    void* out;   // (b, sq, h, d), input dtype
+    void* out;   // (b, sq, h, dv), input dtype
     float* lse;  // (b, h, sq) fp32, natural log; -inf for rows that see no key
     TensorStrides q_stride, k_stride, v_stride, o_stride;
-    int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim;
+    int batch, seqlen_q, seqlen_k, num_heads, num_heads_k, head_dim, head_dim_v;
     float softmax_scale;
     // 0 (off) or > 0: the scores are softcap * tanh(softmax_scale * q.k / softcap) (the softcap kernels; full and causal
     // masks only, without a sink).
@@ -38,10 +38,10 @@ struct FwdParams {
 };
 
 struct BwdParams : FwdParams {
-    const void* dout;  // (b, sq, h, d)
+    const void* dout;  // (b, sq, h, dv)
     void* dq;          // (b, sq, h, d)
     void* dk;          // (b, sk, h_k, d)
-    void* dv;          // (b, sk, h_k, d)
+    void* dv;          // (b, sk, h_k, dv)
     TensorStrides do_stride, dq_stride, dk_stride, dv_stride;
     bool deterministic;
     float* dsink;      // (heads,) fp32: the sink's gradient (bwd/sink_grad.hpp) where `sink` is set, else nullptr

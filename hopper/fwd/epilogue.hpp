@@ -20,7 +20,7 @@ struct FwdEpilogueSm90 {
     using Params = typename Traits::Params;
     using SharedStorage = typename Traits::SharedStorage;
     static constexpr int kBlockM = Traits::kBlockM;
-    static constexpr int kHeadDim = Traits::kHeadDim;
+    static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns
     // Staged O is written and stored in one row block per consumer WG, by that WG's threads.
     static constexpr int kPartThreads = 128;
     using Seq = typename Traits::template Seq<kVarlen>;
@@ -40,7 +40,7 @@ struct FwdEpilogueSm90 {
         auto thr_pv = mma_pv.get_thread_slice(tid);
 
         // LSE: the 4 lanes of a quad hold the same rows after the quad reduction; lane 0 writes.
-        Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor cO = make_identity_tensor(Shape<Int<kBlockM>, Int<kHeadDimV>>{});
         Tensor tOcO = thr_pv.partition_C(cO);
         Tensor tOcO_rc = make_tensor(tOcO.data(), acc_layout_rowcol(tOcO.layout()));
         static_assert(decltype(size<0>(tOcO_rc))::value == kNRows);
@@ -118,9 +118,9 @@ struct FwdEpilogueSm90 {
                 }
             }
             if (t == 0 && in_rows(seq, Traits::first_row(seq, tile.m_block) + part * Traits::kORows, Traits::kORows)) {
-                Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
+                Tensor mO = p.tma_o.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDimV), p.num_heads, p.batch));
                 Tensor gO = local_tile(Traits::rows_from_first_block(seq, mO(_, _, tile.head, seq.batch())),
-                                       Shape<Int<Traits::kORows>, Int<kHeadDim>>{},
+                                       Shape<Int<Traits::kORows>, Int<kHeadDimV>>{},
                                        make_coord(tile.m_block * Traits::kOParts + part, _0{}));
                 auto [tOgO, tOsO] = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sO),
                                                   group_modes<0, 2>(gO));

@@ -30,7 +30,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     using PipelineQ = typename Traits::PipelineQ;
     using PipelineKV = typename Traits::PipelineKV;
     static constexpr int kBlockM = Traits::kBlockM;
-    static constexpr int kHeadDim = Traits::kHeadDim;
+    static constexpr int kHeadDimV = Traits::kHeadDimV;
 
     extern __shared__ char smem_buf[];
     SharedStorage& ss = *reinterpret_cast<SharedStorage*>(smem_buf);
@@ -53,13 +53,15 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     pq.is_leader = threadIdx.x == 0;
     pq.num_consumers = Traits::kNumMmaThreads;
     typename PipelineKV::Params pkv;
-    pkv.transaction_bytes = Traits::kTmaBytesKV;
+    pkv.transaction_bytes = Traits::kTmaBytesK;
     pkv.role = is_producer ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
     pkv.is_leader = threadIdx.x == 0;
     pkv.num_consumers = Traits::kNumMmaThreads;
     PipelineQ pipe_q(ss.pipeline_q, pq, Shape<_1, _1, _1>{});
+    typename PipelineKV::Params pv = pkv;  // V's blocks have their own head dim
+    pv.transaction_bytes = Traits::kTmaBytesV;
     PipelineKV pipe_k(ss.pipeline_k, pkv, Shape<_1, _1, _1>{});
-    PipelineKV pipe_v(ss.pipeline_v, pkv, Shape<_1, _1, _1>{});
+    PipelineKV pipe_v(ss.pipeline_v, pv, Shape<_1, _1, _1>{});
     if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
         if (threadIdx.x == 0) { OHandoff<Traits>::init(ss.o_handoff); }
     }
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
         cutlass::arch::warpgroup_reg_alloc<Traits::kConsumerRegs>();
         int const tid = int(threadIdx.x) - 128;
         typename Traits::TiledMmaPV mma_pv;
-        Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDim>>{});
+        Tensor tOrO = partition_fragment_C(mma_pv, Shape<Int<kBlockM>, Int<kHeadDimV>>{});
         clear(tOrO);
         constexpr int kNRows = decltype(size<0>(make_rowcol_view(tOrO)))::value;
         OnlineSoftmax<kNRows> softmax(params.scale_log2);

@@ -3,8 +3,8 @@
 //
 // Requirements the binding must check (TMA): q/k/v/out base pointers 16-byte aligned; every
 // batch/row/head stride (in elements) a multiple of 8 for 16-bit types (16 bytes); last dim
-// contiguous; head_dim == kHeadDim; num_heads % num_heads_k == 0; lse contiguous (b, h, sq) fp32;
-// all strides < 2^40 bytes and seqlens/heads/batch < 2^31 (TMA global dims are 32-bit).
+// contiguous; q/k head_dim == kHeadDim, v/out head_dim == kHeadDimV; num_heads % num_heads_k == 0;
+// lse contiguous (b, h, sq) fp32; all strides < 2^40 bytes and seqlens/heads/batch < 2^31 (TMA global dims are 32-bit).
 #pragma once
 
 #include <algorithm>
@@ -36,29 +36,29 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
     using namespace cute;
     using Element = typename Traits::Element;
     using GmemLayoutT = typename Traits::GmemLayoutT;
-    constexpr int kHeadDim = Traits::kHeadDim;
     bool const varlen = p.varlen.cu_seqlens_q != nullptr;
     int const batch = varlen ? 1 : p.batch;  // the descriptors' batch: a pack is one batch of packed rows
 
-    auto gmem_layout = [](int seqlen, int heads, int batch, TensorStrides const& s) {
-        return make_layout(make_shape(int32_t(seqlen), int32_t(kHeadDim), int32_t(heads), int32_t(batch)),
+    auto gmem_layout = [](int seqlen, int head_dim, int heads, int batch, TensorStrides const& s) {
+        return make_layout(make_shape(int32_t(seqlen), int32_t(head_dim), int32_t(heads), int32_t(batch)),
                            make_stride(int64_t(s.row), _1{}, int64_t(s.head), int64_t(s.batch)));
     };
     // seqlen_k == 0 still needs a valid K/V descriptor (no block is ever loaded): use 1 row.
     int const sk_desc = std::max(p.seqlen_k, 1);
-    GmemLayoutT const lq = gmem_layout(p.seqlen_q, p.num_heads, batch, p.q_stride);
-    GmemLayoutT const lk = gmem_layout(sk_desc, p.num_heads_k, batch, p.k_stride);
-    GmemLayoutT const lv = gmem_layout(sk_desc, p.num_heads_k, batch, p.v_stride);
-    GmemLayoutT const lo = gmem_layout(p.seqlen_q, p.num_heads, batch, p.o_stride);
+    constexpr int kHeadDim = Traits::kHeadDim, kHeadDimV = Traits::kHeadDimV;
+    GmemLayoutT const lq = gmem_layout(p.seqlen_q, kHeadDim, p.num_heads, batch, p.q_stride);
+    GmemLayoutT const lk = gmem_layout(sk_desc, kHeadDim, p.num_heads_k, batch, p.k_stride);
+    GmemLayoutT const lv = gmem_layout(sk_desc, kHeadDimV, p.num_heads_k, batch, p.v_stride);
+    GmemLayoutT const lo = gmem_layout(p.seqlen_q, kHeadDimV, p.num_heads, batch, p.o_stride);
 
     typename Traits::Params kp{
-        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQStage, Traits::kBlockM>(
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutQStage, Traits::kBlockM, kHeadDim>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.q), lq),
-        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKStage, Traits::kBlockN, kHeadDim>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.k), lk),
-        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutKVStage, Traits::kBlockN>(
+        Traits::template make_tma<SM90_TMA_LOAD, typename Traits::SmemLayoutVStage, Traits::kBlockN, kHeadDimV>(
             SM90_TMA_LOAD{}, static_cast<Element const*>(p.v), lv),
-        Traits::template make_tma<SM90_TMA_STORE, typename Traits::SmemLayoutOStage, Traits::kORows>(
+        Traits::template make_tma<SM90_TMA_STORE, typename Traits::SmemLayoutOStage, Traits::kORows, kHeadDimV>(
             SM90_TMA_STORE{}, static_cast<Element*>(p.out), lo),
         p.lse,
         p.seqlen_q,

@@ -44,6 +44,7 @@ struct FwdMainloopSm90 {
     static constexpr int kBlockM = Traits::kBlockM;
     static constexpr int kBlockN = Traits::kBlockN;
     static constexpr int kHeadDim = Traits::kHeadDim;
+    static constexpr int kHeadDimV = Traits::kHeadDimV;
 
     // Round robin between the kNumWG consumer warpgroups (wg = 0 .. kNumWG-1): WG c syncs on
     // barrier c before issuing its GEMMs and then arrives on barrier c+1 (mod kNumWG), so the token
@@ -94,11 +95,11 @@ struct FwdMainloopSm90 {
                                  PipelineKV& pipe_k, PipelineKV& pipe_v) {
         using namespace cute;
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
-        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
-        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutKV{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
+        Tensor sV = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutV{});
         Tensor mQ = p.tma_q.get_tma_tensor(make_shape(p.seqlen_q, int(kHeadDim), p.num_heads, p.batch));
         Tensor mK = p.tma_k.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
-        Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDim), p.num_heads_k, p.batch));
+        Tensor mV = p.tma_v.get_tma_tensor(make_shape(p.seqlen_k, int(kHeadDimV), p.num_heads_k, p.batch));
 
         // Locals: .with() binds the hint by reference, which device code cannot do to a static member.
         cute::TMA::CacheHintSm90 const hint_q = kHintQ;
@@ -140,7 +141,7 @@ struct FwdMainloopSm90 {
             Tensor gK = local_tile(Traits::keys_of(seq, mK(_, _, head_k, seq.batch())),
                                    Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
             Tensor gV = local_tile(Traits::keys_of(seq, mV(_, _, head_k, seq.batch())),
-                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                                   Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
             cute::prefetch(p.tma_q, get<0>(tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ),
                                                          group_modes<0, 2>(gQ))));
             Tensor pK = get<0>(tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
@@ -165,7 +166,7 @@ struct FwdMainloopSm90 {
             Tensor gK = local_tile(Traits::keys_of(seq, mK(_, _, head_k, seq.batch())),
                                    Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));  // (N, d, n_blocks)
             Tensor gV = local_tile(Traits::keys_of(seq, mV(_, _, head_k, seq.batch())),
-                                   Shape<Int<kBlockN>, Int<kHeadDim>>{}, make_coord(_, _0{}));
+                                   Shape<Int<kBlockN>, Int<kHeadDimV>>{}, make_coord(_, _0{}));
             auto [tKgK, tKsK] = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK),
                                               group_modes<0, 2>(gK));
             auto [tVgV, tVsV] = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV),
@@ -226,7 +227,7 @@ struct FwdMainloopSm90 {
         auto thr_pv = mma_pv.get_thread_slice(tid);
 
         Tensor sQ = make_tensor(make_smem_ptr(ss.smem_q.data()), typename Traits::SmemLayoutQ{});
-        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutKV{});
+        Tensor sK = make_tensor(make_smem_ptr(ss.smem_k.data()), typename Traits::SmemLayoutK{});
         Tensor sVt = make_tensor(make_smem_ptr(ss.smem_v.data()), typename Traits::SmemLayoutVt{});
         Tensor tSrQ = thr_qk.partition_fragment_A(sQ);  // (MMA, MMA_M, MMA_K, q_stages)
         Tensor tSrK = thr_qk.partition_fragment_B(sK);  // (MMA, MMA_N, MMA_K, stages)

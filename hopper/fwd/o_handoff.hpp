@@ -20,7 +20,7 @@ template <class Traits>
 struct OHandoff {
     using Element = typename Traits::Element;
     static constexpr int kRows = Traits::kORows;
-    static constexpr int kHeadDim = Traits::kHeadDim;
+    static constexpr int kHeadDimV = Traits::kHeadDimV;  // O's columns
     // Where the copy warps run: the three-consumer configurations (160 registers each), where the consumers' own copy
     // spilled (hdim 64: 146-206 B). With two consumers (240 registers) the consumers copy at no spill, and the copy
     // warps measured worse there (hdim 96 softcap: a 1344 B stack frame in the step loop).
@@ -41,7 +41,7 @@ struct OHandoff {
     template <int kThreads, class TensorS>
     CUTE_DEVICE static void copy_rows(TensorS const& sO, Element* dst, int64_t row_stride, int block_row,
                                       int seqlen_q, int t) {
-        constexpr int kChunks = kHeadDim / 8;
+        constexpr int kChunks = kHeadDimV / 8;
         int const skip = block_row < 0 ? -block_row : 0;  // rows before the sequence's first
         int const end = seqlen_q - block_row;             // rows from here on are past its last
 #pragma unroll 1

@@ -18,11 +18,14 @@ namespace flash_dash {
 // released the current one; 2 = the next Q is loaded a tile ahead, while the current tile runs.
 // kL2Prefetch: the kernel carries the producer's L2 prefetch of the next tile (Params::l2_prefetch_next
 // switches it per launch).
+// kHeadDim: Q and K columns (the QK^T contraction); kHeadDimV: V and O columns (the PV GEMM's N), e.g. 192 / 128 for
+// DeepSeek's MLA.
 template <int kHeadDim_, int kBlockM_, int kBlockN_, int kStages_, typename Element_, int kQStages_ = 1,
-          bool kL2Prefetch_ = false>
+          bool kL2Prefetch_ = false, int kHeadDimV_ = kHeadDim_>
 struct FwdKernelTraits {
     using Element = Element_;
     static constexpr int kHeadDim = kHeadDim_;
+    static constexpr int kHeadDimV = kHeadDimV_;
     static constexpr int kBlockM = kBlockM_;
     static constexpr int kBlockN = kBlockN_;
     static constexpr int kStages = kStages_;
@@ -41,7 +44,7 @@ struct FwdKernelTraits {
     static constexpr uint32_t kProducerRegs = kNumMmaWarpGroups == 2 ? 24 : 32;
     static constexpr uint32_t kConsumerRegs = kNumMmaWarpGroups == 2 ? 240 : 160;
     static_assert((kProducerRegs + kNumMmaWarpGroups * kConsumerRegs) * 128 <= kRegistersPerSm);
-    static_assert(kHeadDim % 16 == 0 && kBlockN % 16 == 0);
+    static_assert(kHeadDim % 16 == 0 && kHeadDimV % 16 == 0 && kBlockN % 16 == 0);
     // Intra-warpgroup overlap: a WG's softmax runs while its own PV GEMM is in flight (the mainloop
     // pins the PV wait after the softmax). It pays with 2 consumer WGs (240 registers) and costs with
     // 3 (160 registers, hdim 64), where the other WGs' GEMMs already fill the tensor cores.
@@ -56,7 +59,7 @@ struct FwdKernelTraits {
     // O += P V: P from registers (K-major), V^T read MN-major from the K-major V tile (RS).
     using TiledMmaPV = decltype(cute::make_tiled_mma(
         cute::GMMA::rs_op_selector<Element, Element, float,
-                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                   cute::Shape<cute::_64, cute::Int<kHeadDimV>, cute::Int<kBlockN>>,
                                    cute::GMMA::Major::K, cute::GMMA::Major::MN>(),
         AtomLayoutMNK{}));
     // ss_op_selector silently falls back to a narrower atom when kBlockN is not a base GMMA N
@@ -64,33 +67,38 @@ struct FwdKernelTraits {
     static_assert(decltype(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}))::value == kBlockN,
                   "kBlockN needs -DCUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED in this translation unit");
 
-    using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());
-    // One Q stage (TMA box, and the O staging tile) and the staged Q buffer (M, d, kQStages).
+    using SmemAtom = decltype(smem_atom_k_major<Element, kHeadDim>());    // Q and K rows
+    using SmemAtomV = decltype(smem_atom_k_major<Element, kHeadDimV>());  // V and O rows
+    // One Q stage (the TMA box) and the staged Q buffer (M, d, kQStages).
     using SmemLayoutQStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>{}));
     using SmemLayoutQ = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kQStages>>{}));
-    using SmemLayoutKVStage = decltype(cute::tile_to_shape(
+    using SmemLayoutKStage = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>{}));
-    using SmemLayoutKV = decltype(cute::tile_to_shape(
+    using SmemLayoutK = decltype(cute::tile_to_shape(
         SmemAtom{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>, cute::Int<kStages>>{}));
-    // V^T view (d, n, stage) of the (n, d, stage) V buffer.
+    using SmemLayoutVStage = decltype(cute::tile_to_shape(
+        SmemAtomV{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>>{}));
+    using SmemLayoutV = decltype(cute::tile_to_shape(
+        SmemAtomV{}, cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDimV>, cute::Int<kStages>>{}));
+    // V^T view (dv, n, stage) of the (n, dv, stage) V buffer.
     using SmemLayoutVt = decltype(cute::composition(
-        SmemLayoutKV{},
-        cute::make_layout(cute::Shape<cute::Int<kHeadDim>, cute::Int<kBlockN>, cute::Int<kStages>>{},
-                          cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDim>>{})));
+        SmemLayoutV{},
+        cute::make_layout(cute::Shape<cute::Int<kHeadDimV>, cute::Int<kBlockN>, cute::Int<kStages>>{},
+                          cute::Stride<cute::Int<kBlockN>, cute::_1, cute::Int<kBlockN * kHeadDimV>>{})));
     // O staging: one (64, d) block per consumer WG, written, fenced and TMA-stored by that WG's own
     // threads, so a WG's epilogue never waits for the other WGs (they run a GEMM apart in the round
     // robin). TiledMmaO is the register layout of one block's rows (one WG's slice of TiledMmaPV).
     static constexpr int kORows = 64;  // rows per O TMA store
     static constexpr int kOParts = kNumMmaWarpGroups;
     using SmemLayoutOStage = decltype(cute::tile_to_shape(
-        SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>>{}));
+        SmemAtomV{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDimV>>{}));
     using SmemLayoutO = decltype(cute::tile_to_shape(
-        SmemAtom{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDim>, cute::Int<kOParts>>{}));
+        SmemAtomV{}, cute::Shape<cute::Int<kORows>, cute::Int<kHeadDimV>, cute::Int<kOParts>>{}));
     using TiledMmaO = decltype(cute::make_tiled_mma(
         cute::GMMA::rs_op_selector<Element, Element, float,
-                                   cute::Shape<cute::_64, cute::Int<kHeadDim>, cute::Int<kBlockN>>,
+                                   cute::Shape<cute::_64, cute::Int<kHeadDimV>, cute::Int<kBlockN>>,
                                    cute::GMMA::Major::K, cute::GMMA::Major::MN>()));
 
     using PipelineQ = cutlass::PipelineTmaAsync<kQStages>;
@@ -108,8 +116,8 @@ struct FwdKernelTraits {
     template <bool kStaged>
     struct SharedStorageT {
         cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> smem_q;
-        cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_k;
-        cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> smem_v;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutK>, 1024> smem_k;
+        cute::array_aligned<Element, cute::cosize_v<SmemLayoutV>, 1024> smem_v;
         cute::array_aligned<Element, kStaged ? cute::cosize_v<SmemLayoutO> : 8, kStaged ? 1024 : 16> smem_o;
         typename PipelineQ::SharedStorage pipeline_q;
         typename PipelineKV::SharedStorage pipeline_k;
@@ -122,29 +130,33 @@ struct FwdKernelTraits {
     static_assert(kSmemBytes <= kMaxSmemPerBlock, "exceeds the sm90 227 KB opt-in smem limit");
 
     static constexpr uint32_t kTmaBytesQ = uint32_t(kBlockM * kHeadDim * sizeof(Element));
-    static constexpr uint32_t kTmaBytesKV = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+    static constexpr uint32_t kTmaBytesK = uint32_t(kBlockN * kHeadDim * sizeof(Element));
+    static constexpr uint32_t kTmaBytesV = uint32_t(kBlockN * kHeadDimV * sizeof(Element));
 
     // Global tensors as (seqlen, head_dim, head, batch) with the head_dim stride static 1.
     using ShapeT = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
     using StrideT = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
     using GmemLayoutT = cute::Layout<ShapeT, StrideT>;
 
-    template <class Op, class SmemLayout, int kRows, class Ptr>
+    // A TMA of (kRows, kCols) boxes (kCols: the tensor's head dim).
+    template <class Op, class SmemLayout, int kRows, int kCols, class Ptr>
     static auto make_tma(Op op, Ptr ptr, GmemLayoutT layout) {
         return cute::make_tma_copy(op, cute::make_tensor(cute::make_gmem_ptr(ptr), layout), SmemLayout{},
-                                   cute::Shape<cute::Int<kRows>, cute::Int<kHeadDim>>{}, cute::_1{});
+                                   cute::Shape<cute::Int<kRows>, cute::Int<kCols>>{}, cute::_1{});
     }
-    using TmaQ = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutQStage, kBlockM>(
+    using TmaQ = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutQStage, kBlockM, kHeadDim>(
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
-    using TmaKV = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutKVStage, kBlockN>(
+    using TmaK = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutKStage, kBlockN, kHeadDim>(
         cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
-    using TmaO = decltype(make_tma<cute::SM90_TMA_STORE, SmemLayoutOStage, kORows>(
+    using TmaV = decltype(make_tma<cute::SM90_TMA_LOAD, SmemLayoutVStage, kBlockN, kHeadDimV>(
+        cute::SM90_TMA_LOAD{}, static_cast<Element const*>(nullptr), GmemLayoutT{}));
+    using TmaO = decltype(make_tma<cute::SM90_TMA_STORE, SmemLayoutOStage, kORows, kHeadDimV>(
         cute::SM90_TMA_STORE{}, static_cast<Element*>(nullptr), GmemLayoutT{}));
 
     struct Params {
         TmaQ tma_q;
-        TmaKV tma_k;
-        TmaKV tma_v;
+        TmaK tma_k;
+        TmaV tma_v;
         TmaO tma_o;
         float* lse;
         int seqlen_q, seqlen_k, num_heads, num_heads_k, batch, head_ratio;
