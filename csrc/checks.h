@@ -11,11 +11,13 @@ namespace flash_dash {
 // inside the extension on the H200 image (a segfault in ostream::_M_insert<long>, seen in test_bwd_gpu).
 inline std::string num(int64_t v) { return std::to_string(v); }
 
-inline std::string shape_of(const at::Tensor& t) {
+inline std::string shape_of(at::IntArrayRef sizes) {
     std::string out = "(";
-    for (int64_t d = 0; d < t.dim(); ++d) { out += (d ? ", " : "") + num(t.size(d)); }
+    for (size_t d = 0; d < sizes.size(); ++d) { out += (d ? ", " : "") + num(sizes[d]); }
     return out + ")";
 }
+
+inline std::string shape_of(const at::Tensor& t) { return shape_of(t.sizes()); }
 
 inline void check_attn_tensor(const at::Tensor& t, const char* name, const at::Tensor& ref) {
     TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor");

@@ -19,13 +19,17 @@
 namespace flash_dash {
 namespace {
 
+// The kernel of (head_dim, head_dim_v): q/k's and v's head dims, which FLASH_DASH_HDIMS names 128 or 192v128.
 template <typename Entry>
-const Entry& find_entry(const std::vector<Entry>& table, int head_dim, at::ScalarType dtype, const char* what) {
+const Entry& find_entry(const std::vector<Entry>& table, int head_dim, int head_dim_v, at::ScalarType dtype,
+                        const char* what) {
     for (const auto& e : table) {
-        if (e.head_dim == head_dim && e.dtype == dtype) return e;
+        if (e.head_dim == head_dim && e.head_dim_v == head_dim_v && e.dtype == dtype) return e;
     }
-    TORCH_CHECK_VALUE(false, "no ", what, " kernel compiled for head_dim ", num(head_dim), " and dtype ", c10::toString(dtype),
-                      "; rebuild with FLASH_DASH_HDIMS / FLASH_DASH_DTYPES including it");
+    const std::string dims = head_dim == head_dim_v ? num(head_dim) : num(head_dim) + "v" + num(head_dim_v);
+    TORCH_CHECK_VALUE(false, "no ", what, " kernel compiled for head_dim ", num(head_dim), ", head_dim_v ",
+                      num(head_dim_v), " and dtype ", c10::toString(dtype), "; rebuild with FLASH_DASH_HDIMS including ",
+                      dims, " and FLASH_DASH_DTYPES including it");
 }
 
 // Runs a kernel entry point: a std::invalid_argument (a launch the launcher refuses before launching) becomes
@@ -56,7 +60,8 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     check_attn_tensor(k, "k", q);
     check_attn_tensor(v, "v", q);
     check_sm90(q);
-    TORCH_CHECK(k.sizes() == v.sizes(), "k and v must have the same shape");
+    TORCH_CHECK(k.size(0) == v.size(0) && k.size(1) == v.size(1) && k.size(2) == v.size(2),
+                "v must match k in batch, seqlen and heads (its head_dim may differ)");
     TORCH_CHECK(k.size(0) == q.size(0) && k.size(3) == q.size(3), "k must match q in batch and head_dim");
     TORCH_CHECK(k.size(2) > 0 && q.size(2) % k.size(2) == 0, "q heads must be a multiple of k/v heads");
     p.q = q.data_ptr();
@@ -71,6 +76,7 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.num_heads = q.size(2);
     p.num_heads_k = k.size(2);
     p.head_dim = q.size(3);
+    p.head_dim_v = v.size(3);
     p.softmax_scale = static_cast<float>(scale);
     // 0 = off; the launchers refuse the combinations no softcap kernel is built for (common/softcap.hpp).
     TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0 && std::isfinite(static_cast<float>(softcap)),
@@ -89,9 +95,16 @@ void set_fwd_params(FwdParams& p, const at::Tensor& q, const at::Tensor& k, cons
     p.num_sms = grid_size(q, sm_margin);
 }
 
-void check_output(const at::Tensor& t, const char* name, const at::Tensor& like) {
+// An output (or dout) shaped like `like` but for its last dim, `cols` (out and dout: q's rows with v's head dim).
+void check_output(const at::Tensor& t, const char* name, const at::Tensor& like, int64_t cols) {
     check_attn_tensor(t, name, like);
-    TORCH_CHECK(t.sizes() == like.sizes(), name, " must have shape ", shape_of(like), ", got ", shape_of(t));
+    std::vector<int64_t> shape = like.sizes().vec();
+    shape.back() = cols;
+    TORCH_CHECK(t.sizes() == at::IntArrayRef(shape), name, " must have shape ", shape_of(shape), ", got ", shape_of(t));
+}
+
+void check_output(const at::Tensor& t, const char* name, const at::Tensor& like) {
+    check_output(t, name, like, like.size(-1));
 }
 
 // Optional debug output of the backward (nullptr when absent): a contiguous CUDA tensor of `type` shaped
@@ -130,12 +143,12 @@ void fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::
     if (sink.has_value()) {
         p.sink = heads_vector(*sink, "sink", q);
     }
-    check_output(out, "out", q);
+    check_output(out, "out", q, p.head_dim_v);
     check_lse(lse, q);
     p.out = out.data_ptr();
     p.o_stride = strides_of(out);
     p.lse = lse.data_ptr<float>();
-    const auto& entry = find_entry(fwd_kernels(), p.head_dim, q.scalar_type(), "forward");
+    const auto& entry = find_entry(fwd_kernels(), p.head_dim, p.head_dim_v, q.scalar_type(), "forward");
     launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
 }
 
@@ -205,7 +218,8 @@ void set_varlen_args(FwdParams& p, const at::Tensor& q, const at::Tensor& cu_seq
     p.batch = static_cast<int>(batch);
 }
 
-// The packed forward: q (total_q, h, d), k/v (total_k, h_k, d), out like q, lse (h, total_q).
+// The packed forward: q (total_q, h, d), k (total_k, h_k, d), v (total_k, h_k, dv), out (total_q, h, dv), lse
+// (h, total_q).
 void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& cu_seqlens_q,
                     const at::Tensor& cu_seqlens_k, const c10::optional<at::Tensor>& seqused_q,
                     const c10::optional<at::Tensor>& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k,
@@ -217,7 +231,7 @@ void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     FwdParams p{};
     set_fwd_params(p, q4, packed_view(k, "k"), packed_view(v, "v"), softmax_scale, causal, sm_margin, window_left,
                    window_right, softcap);
-    check_output(out4, "out", q4);
+    check_output(out4, "out", q4, p.head_dim_v);
     if (sink.has_value()) { p.sink = heads_vector(*sink, "sink", q4); }
     set_varlen_args(p, q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, lse, status);
     p.out = out.data_ptr();
@@ -229,7 +243,7 @@ void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
                       num(kVarlenMinRows), " + batch) * heads = ", num(capacity), " must be < 2^31");
     auto workspace = at::empty({varlen_workspace_bytes(p.batch, capacity)}, q.options().dtype(at::kByte));
     p.varlen.workspace = workspace.data_ptr();
-    const auto& entry = find_entry(fwd_kernels(), p.head_dim, q.scalar_type(), "forward");
+    const auto& entry = find_entry(fwd_kernels(), p.head_dim, p.head_dim_v, q.scalar_type(), "forward");
     launch_checked([&] { entry.run(p, c10::cuda::getCurrentCUDAStream()); });
 }
 
@@ -239,8 +253,8 @@ void set_bwd_args(BwdParams& p, const at::Tensor& dout, const at::Tensor& q, con
                   const at::Tensor& out, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv, bool deterministic,
                   int64_t schedule, int64_t grid, int64_t claim_group, bool gqa_fold,
                   const c10::optional<at::Tensor>& sink, const c10::optional<at::Tensor>& dsink) {
-    check_output(out, "out", q);
-    check_output(dout, "dout", q);
+    check_output(out, "out", q, v.size(3));
+    check_output(dout, "dout", q, v.size(3));
     check_output(dq, "dq", q);
     check_output(dk, "dk", k);
     check_output(dv, "dv", v);
@@ -274,7 +288,7 @@ void set_bwd_args(BwdParams& p, const at::Tensor& dout, const at::Tensor& q, con
 }
 
 void run_bwd_entry(BwdParams const& p, const at::Tensor& q) {
-    const auto& entry = find_entry(bwd_kernels(), p.head_dim, q.scalar_type(), "backward");
+    const auto& entry = find_entry(bwd_kernels(), p.head_dim, p.head_dim_v, q.scalar_type(), "backward");
     auto workspace = at::empty({static_cast<int64_t>(entry.workspace_bytes(p))}, q.options().dtype(at::kByte));
     launch_checked([&] { entry.run(p, workspace.data_ptr(), c10::cuda::getCurrentCUDAStream()); });
 }

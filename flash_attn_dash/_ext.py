@@ -28,11 +28,12 @@ def compiled_instantiations() -> tuple[str, ...]:
     return tuple(_C.instantiations()) if _C is not None else ()
 
 
-def compiled_head_dims(dtype: torch.dtype) -> tuple[int, ...]:
-    """Head dims of the variant table with both a forward and a backward kernel for ``dtype`` in this build."""
+def compiled_head_dims(dtype: torch.dtype) -> tuple:
+    """Head dims of the variant table with both a forward and a backward kernel for ``dtype`` in this build, named as
+    ``checks.KERNEL_HEAD_DIMS`` names them (``(192, 128)`` for a V head dim of its own)."""
     tag = _DTYPE_TAG.get(dtype)
     names = set(compiled_instantiations())
-    return tuple(h.qk for h in variants.HEAD_DIMS
+    return tuple(h.label for h in variants.HEAD_DIMS
                  if f"fwd_{h.tag}_{tag}" in names and f"bwd_{h.tag}_{tag}" in names)
 
 

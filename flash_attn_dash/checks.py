@@ -12,7 +12,8 @@ from .launch import check_schedule_name
 SCHEDULES = ("auto",) + variants.SCHEDULE_NAMES
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 REFERENCE_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
-KERNEL_HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
+# The variant table's head dims as messages name them: ints, and (qk, v) pairs where V's head dim differs (MLA).
+KERNEL_HEAD_DIMS = tuple(h.label for h in variants.HEAD_DIMS)
 # TMA needs 16-byte aligned bases and strides; CuTe shapes are 32-bit ints.
 _ALIGN_BYTES = 16
 _INT32_MAX = 2**31 - 1
@@ -25,7 +26,8 @@ class AttnShape:
     seqlen_k: int
     heads: int
     heads_k: int
-    head_dim: int
+    head_dim: int  # q and k
+    head_dim_v: int  # v and the output
 
 
 def _require_bool(name: str, value: object) -> None:
@@ -71,13 +73,15 @@ def check_options(
 
 
 def softmax_scale_or_default(head_dim: int, softmax_scale: float | None) -> float:
-    """The scale of q·kᵀ: ``softmax_scale``, or head_dim ** -0.5 when it is None."""
+    """The scale of q·kᵀ: ``softmax_scale``, or head_dim ** -0.5 when it is None (q's and k's head dim, whatever
+    v's)."""
     return head_dim ** -0.5 if softmax_scale is None else float(softmax_scale)
 
 
 def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   names: tuple[str, str, str] = ("q", "k", "v")) -> AttnShape:
-    """Validate q, k, v for the (batch, seqlen, heads, head_dim) layout; return the problem shape.
+    """Validate q, k, v for the (batch, seqlen, heads, head_dim) layout; return the problem shape. v's head dim may
+    differ from q's and k's (DeepSeek's MLA: 192 and 128); the output has v's.
 
     ``names`` are what errors call them (views of a packed argument are named as its slices)."""
     qn, kn, vn = names
@@ -99,39 +103,61 @@ def check_tensors(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     bk, sk, hk, dk = k.shape
     if bk != b:
         raise ValueError(f"{kn}.shape[0] (batch) must equal {qn}.shape[0] = {b}, got {bk}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"{vn}.shape must equal {kn}.shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if tuple(v.shape[:3]) != tuple(k.shape[:3]):
+        raise ValueError(f"{vn}.shape[:3] (batch, seqlen, heads) must equal {kn}.shape[:3] {tuple(k.shape[:3])}, "
+                         f"got {tuple(v.shape[:3])} ({vn} may differ from {kn} in head_dim only)")
     if dk != d:
         raise ValueError(f"{kn}.shape[3] (head_dim) must equal {qn}.shape[3] = {d}, got {dk}")
     if hk == 0 or h % hk != 0:
         raise ValueError(f"{qn} heads ({h}) must be a multiple of {kn}/{vn} heads ({hk}) for GQA/MQA")
-    return AttnShape(b, sq, sk, h, hk, d)
+    return AttnShape(b, sq, sk, h, hk, d, v.shape[3])
 
 
-def check_kernel_head_dim(head_dim: int) -> None:
-    """Raise ValueError unless the variant table has kernels for ``head_dim`` (on any device: what a GPU build
-    accepts)."""
-    if head_dim not in KERNEL_HEAD_DIMS:
-        raise ValueError(f"head_dim must be one of {KERNEL_HEAD_DIMS} for the kernels (flash_attn_dash/variants.py "
-                         f"lists them; CPU tensors run the reference for any head dim), got {head_dim}")
+def out_shape(q: torch.Tensor, v: torch.Tensor) -> tuple[int, ...]:
+    """The attention output's shape: q's (dense 4-D or packed 3-D) with v's head dim."""
+    return (*q.shape[:-1], v.shape[-1])
 
 
-def not_compiled_message(head_dim: int, compiled_head_dims: tuple[int, ...]) -> str:
-    """Why a head dim of the variant table cannot run on this build: which head dims it has, whether ``head_dim`` is
-    left out of default builds (``HeadDim.default_build``) and the build command that adds it."""
+def head_dim_label(head_dim: int, head_dim_v: int | None = None) -> int | tuple[int, int]:
+    """How messages and :data:`KERNEL_HEAD_DIMS` name a call's head dims: ``head_dim``, or ``(head_dim, head_dim_v)``
+    where v's differs."""
+    return head_dim if head_dim_v is None or head_dim_v == head_dim else (head_dim, head_dim_v)
+
+
+def check_kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> None:
+    """Raise ValueError unless the variant table has kernels for ``head_dim`` (q, k) and ``head_dim_v`` (v; default
+    ``head_dim``), on any device: what a GPU build accepts."""
+    label = head_dim_label(head_dim, head_dim_v)
+    if label not in KERNEL_HEAD_DIMS:
+        raise ValueError(f"head_dim must be one of {KERNEL_HEAD_DIMS} for the kernels (pairs: (q/k, v) head dims; "
+                         f"flash_attn_dash/variants.py lists them; CPU tensors run the reference for any head dims), "
+                         f"got {label}")
+
+
+def _table_entry(label: int | tuple[int, int]) -> variants.HeadDim:
+    return variants.head_dim(*label) if isinstance(label, tuple) else variants.head_dim(label)
+
+
+def not_compiled_message(head_dim: int, compiled_head_dims: tuple, head_dim_v: int | None = None) -> str:
+    """Why head dims of the variant table (``head_dim``, ``head_dim_v``) cannot run on this build: which head dims it
+    has (:data:`KERNEL_HEAD_DIMS`' names), whether the entry is left out of default builds (``HeadDim.default_build``)
+    and the build command that adds it (``FLASH_DASH_HDIMS`` names a pair ``192v128``)."""
+    label = head_dim_label(head_dim, head_dim_v)
     built = ", ".join(str(d) for d in compiled_head_dims) or "none"
-    wanted = ",".join(str(d) for d in sorted(set(compiled_head_dims) | {head_dim}))
-    why = "" if variants.head_dim(head_dim).default_build else (
+    wanted = [h.build_name for h in variants.HEAD_DIMS if h.label in set(compiled_head_dims) | {label}]
+    why = "" if _table_entry(label).default_build else (
         " (default builds leave it out until its kernels pass the GPU tests)")
-    return (f"head_dim {head_dim} was not compiled into this build (built: {built}){why}; build it with "
-            f"FLASH_DASH_HDIMS={wanted} pip install --no-build-isolation -e .")
+    return (f"head_dim {label} was not compiled into this build (built: {built}){why}; build it with "
+            f"FLASH_DASH_HDIMS={','.join(wanted)} pip install --no-build-isolation -e .")
 
 
-def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compiled_head_dims: tuple[int, ...]) -> None:
-    """Constraints of the sm90 kernels: head dim, strides, alignment, 32-bit sizes, architecture."""
-    check_kernel_head_dim(head_dim)
-    if head_dim not in compiled_head_dims:
-        raise ValueError(not_compiled_message(head_dim, compiled_head_dims))
+def check_kernel_inputs(tensors: dict[str, torch.Tensor], head_dim: int, compiled_head_dims: tuple,
+                        head_dim_v: int | None = None) -> None:
+    """Constraints of the sm90 kernels: head dims (``compiled_head_dims`` as :data:`KERNEL_HEAD_DIMS` names them),
+    strides, alignment, 32-bit sizes, architecture."""
+    check_kernel_head_dim(head_dim, head_dim_v)
+    if head_dim_label(head_dim, head_dim_v) not in compiled_head_dims:
+        raise ValueError(not_compiled_message(head_dim, compiled_head_dims, head_dim_v))
     for name, t in tensors.items():
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride 1), got strides {t.stride()}")

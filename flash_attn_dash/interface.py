@@ -21,7 +21,8 @@ def backward_schedule_used(
     """The dQ accumulation order the backward of ``flash_attn_func(q, k, v, ...)`` will run with these arguments.
 
     ``deterministic=None`` follows ``torch.are_deterministic_algorithms_enabled()``, as in ``flash_attn_func``.
-    ``q`` and ``k`` are checked exactly as ``flash_attn_func`` checks them (``v`` is taken to be shaped like ``k``).
+    ``q`` and ``k`` are checked exactly as ``flash_attn_func`` checks them (``v`` is taken to be shaped like ``k``:
+    the (192, 128) MLA kernel has hdim 192's tiles, so it runs the order this gives for 192).
     The answer is the GPU kernels' on any device: on CPU tensors (where ``flash_attn_func`` runs the reference) it is
     what an H200 (132 SMs) would run, and it raises what a GPU build would raise (a head dim without kernels, an
     ``sm_margin`` that leaves no SM). Deterministic backwards run ``schedule`` (``"auto"``: the committed rule of
@@ -86,8 +87,10 @@ def flash_attn_func(
     Args:
         q: (batch, seqlen_q, heads, head_dim), fp16 or bf16 on an sm90 GPU (CPU tensors, also fp32/fp64,
             run the PyTorch reference).
-        k, v: (batch, seqlen_k, heads_k, head_dim); heads % heads_k == 0 gives GQA/MQA.
-        softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5.
+        k: (batch, seqlen_k, heads_k, head_dim); heads % heads_k == 0 gives GQA/MQA.
+        v: (batch, seqlen_k, heads_k, head_dim_v): k's shape, its head dim may differ (DeepSeek's MLA: q/k 192,
+            v 128; the kernels exist for the pairs of ``variants.HEAD_DIMS``).
+        softmax_scale: scale applied to q·kᵀ; default head_dim ** -0.5 (q's head dim).
         causal: causal mask aligned bottom-right (query i sees key j iff j <= i + seqlen_k - seqlen_q);
             rows that see no key return 0 with lse = -inf. Sets the window's right side to 0 (as FlashAttention).
         window_size: ``(left, right)`` sliding window, ints >= -1 (-1 = unbounded): query i sees key j iff
@@ -114,7 +117,7 @@ def flash_attn_func(
             (not differentiable).
 
     Returns:
-        out (batch, seqlen_q, heads, head_dim) in q's dtype, or (out, lse) if return_lse.
+        out (batch, seqlen_q, heads, head_dim_v) in q's dtype, or (out, lse) if return_lse.
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     shape = checks.check_tensors(q, k, v)

@@ -83,23 +83,24 @@ def gqa_fold(heads: int, heads_k: int, band_steps: int | None) -> bool:
 
 def bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
                deterministic: bool, schedule: str = "auto", window: tuple[int, int] = NO_WINDOW,
-               heads_k: int | None = None) -> BwdLaunch:
+               heads_k: int | None = None, *, head_dim_v: int | None = None) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs (:func:`_bwd_launch`, cached;
-    ``heads_k`` K/V heads, default ``heads``)."""
+    ``heads_k`` K/V heads, default ``heads``; ``head_dim_v`` v's head dim, default ``head_dim``)."""
     return _bwd_launch(*_launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic,
-                                    schedule, window, heads_k))
+                                    schedule, window, heads_k, head_dim_v))
 
 
 def _launch_key(causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule="auto",
-                window=NO_WINDOW, heads_k=None) -> tuple:
+                window=NO_WINDOW, heads_k=None, head_dim_v=None) -> tuple:
     """:func:`_bwd_launch`'s arguments for a :func:`bwd_launch` call, defaults filled in (one cache entry per call)."""
     return (causal, head_dim, seqlen_q, seqlen_k, batch, heads, num_sms, deterministic, schedule, tuple(window),
-            heads if heads_k is None else heads_k)
+            heads if heads_k is None else heads_k, head_dim if head_dim_v is None else head_dim_v)
 
 
 @lru_cache(maxsize=4096)
 def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch: int, heads: int, num_sms: int,
-                deterministic: bool, schedule: str, window: tuple[int, int], heads_k: int) -> BwdLaunch:
+                deterministic: bool, schedule: str, window: tuple[int, int], heads_k: int,
+                head_dim_v: int) -> BwdLaunch:
     """How the backward of this call runs on a persistent grid of at most ``num_sms`` CTAs.
 
     Deterministic: ``schedule`` (``"auto"``: :func:`auto_schedule`) unless its assumptions fail for the shape, then
@@ -110,7 +111,8 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
     removes no tile); ``shift``, a static-grid order of the full-mask kernels, raises NotImplementedError there.
     GQA (``heads != heads_k``) on a narrow sliding window runs the fold (:func:`gqa_fold`): the orders then walk a
     grid of ``batch * heads_k`` heads. Raises ValueError for a schedule not defined for the mask or a head dim without
-    a backward kernel, or ``heads_k`` not dividing ``heads``.
+    a backward kernel, or ``heads_k`` not dividing ``heads``. The tiles are the kernel's of (``head_dim``,
+    ``head_dim_v``); ``auto``'s rule and measurements are the QK head dim's (MLA's kernel has hdim 192's tiles).
     """
     if not (isinstance(heads_k, int) and heads_k >= 1 and heads % heads_k == 0):
         raise ValueError(f"heads_k must be a positive divisor of heads={heads}, got {heads_k!r}")
@@ -120,7 +122,7 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
         check_schedule_name(schedule)
     else:
         check_schedule(schedule, causal)
-    block_m, block_n = variants.bwd_tile(head_dim)
+    block_m, block_n = variants.bwd_tile(head_dim, head_dim_v)
     grid = TileGrid(mask, seqlen_q, seqlen_k, block_m, block_n, window)
     fold = windowed and gqa_fold(heads, heads_k, grid.band_steps())
     grid_heads = batch * (heads_k if fold else heads)
@@ -200,7 +202,7 @@ def varlen_fold_lengths(causal: bool, window: tuple[int, int]) -> tuple[int, int
 
 def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, total_k: int, batch: int, heads: int,
                          num_sms: int, heads_k: int | None = None, window: tuple[int, int] = NO_WINDOW,
-                         causal: bool = False) -> VarlenKernelLaunch | None:
+                         causal: bool = False, *, head_dim_v: int | None = None) -> VarlenKernelLaunch | None:
     """The varlen backward kernel's launch for this pack, from shapes alone (no offsets are read): the order
     :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
     backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound.
@@ -211,7 +213,7 @@ def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, tota
     order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
     if order not in PORTABLE_SCHEDULES:
         return None
-    block_m, block_n = variants.bwd_tile(head_dim)
+    block_m, block_n = variants.bwd_tile(head_dim, head_dim_v)
     window = tuple(window)
     fold = window not in (NO_WINDOW, CAUSAL_WINDOW) and gqa_fold(
         heads, heads if heads_k is None else heads_k, band_steps(window, block_m, block_n))
@@ -229,9 +231,9 @@ def varlen_request(deterministic: bool, schedule: str) -> str:
 
 def sequence_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, heads: int, num_sms: int,
                     deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW,
-                    heads_k: int | None = None) -> BwdLaunch:
+                    heads_k: int | None = None, *, head_dim_v: int | None = None) -> BwdLaunch:
     """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``; ``causal``, ``window``:
     the kernels' for that sequence) as a batch-1 dense call: what the per-sequence CUDA path runs, and the order the
     varlen kernels must give it."""
     return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic,
-                      varlen_request(deterministic, schedule), window, heads_k)
+                      varlen_request(deterministic, schedule), window, heads_k, head_dim_v=head_dim_v)

@@ -51,11 +51,13 @@ torch.library.define(
 
 
 def launch_for(q: torch.Tensor, k: torch.Tensor, causal: bool, deterministic: bool, schedule: str,
-               num_sms: int, window: tuple[int, int] = (-1, -1)) -> BwdLaunch:
-    """The resolved backward launch of this call (``causal``, ``window``: the kernels', :func:`.features.kernel_window`);
-    in debug mode also prove its order for the grid it launches on (:mod:`flash_attn_dash.debug`)."""
+               num_sms: int, window: tuple[int, int] = (-1, -1), *, head_dim_v: int | None = None) -> BwdLaunch:
+    """The resolved backward launch of this call (``causal``, ``window``: the kernels', :func:`.features.kernel_window`;
+    ``head_dim_v``: v's head dim, default q's); in debug mode also prove its order for the grid it launches on
+    (:mod:`flash_attn_dash.debug`)."""
     b, sq, h, d = q.shape
-    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule, tuple(window), k.shape[2])
+    launch = bwd_launch(causal, d, sq, k.shape[1], b, h, num_sms, deterministic, schedule, tuple(window), k.shape[2],
+                        head_dim_v=head_dim_v)
     if debug.debug_enabled():
         debug.check_backward_launch(causal, b, sq, k.shape[1], h, k.shape[2], d, num_sms, launch, tuple(window))
     return launch
@@ -67,7 +69,7 @@ def check_cuda_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_marg
     They run inside the op, not in flash_attn_func, so torch.compile traces nothing device-specific.
     """
     _ext.require_kernels()
-    checks.check_kernel_inputs({"q": q, "k": k, "v": v}, q.shape[-1], _ext.compiled_head_dims(q.dtype))
+    checks.check_kernel_inputs({"q": q, "k": k, "v": v}, q.shape[-1], _ext.compiled_head_dims(q.dtype), v.shape[-1])
     checks.check_sm_margin(sm_margin, q.device)
 
 
@@ -82,7 +84,7 @@ def bwd_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     softcap kernels run the same order as the plain ones); ``learnable_sink`` with ``dsink`` ((heads,) fp32): the
     sink's gradient summed over batch and rows, from the backward preprocess's row sums (a fixed-order reduction)."""
     num_sms = checks.check_sm_margin(sm_margin, q.device)
-    launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window)
+    launch = launch_for(q, k, causal, deterministic, schedule, num_sms, window, head_dim_v=v.shape[-1])
     torch.ops.flash_attn_dash.bwd_out(dout, q, k, v, out, lse, dq, dk, dv, order_trace, softmax_scale, causal,
                                       deterministic, launch.schedule_id, launch.grid, launch.claim_group, sm_margin,
                                       timeline, *window, softcap, launch.gqa_fold,
@@ -97,7 +99,7 @@ def _lse_shape(q: torch.Tensor) -> tuple[int, int, int]:
 def forward_into(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
                  softmax_scale: float, causal: bool, sm_margin: int, *, window_size: tuple[int, int] = (-1, -1),
                  softcap: float = 0.0, learnable_sink: torch.Tensor | None = None) -> None:
-    """Fill ``out`` (shaped like q, any kernel-friendly strides) and ``lse`` (batch, heads, seqlen_q) fp32 on any
+    """Fill ``out`` (q's shape with v's head dim, any kernel-friendly strides) and ``lse`` (batch, heads, seqlen_q) fp32 on any
     device; callers that must return a layout of their own (torch's SDPA hook) pass views of it. ``lse`` includes
     the sink where there is one (FlashAttention-4's convention)."""
     if not q.is_cuda:
@@ -135,9 +137,9 @@ def fwd(
     softcap: float = 0.0,
     learnable_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Forward attention: returns out (b, sq, h, d) in q's dtype and lse (b, h, sq) fp32, natural log (the sink
-    included)."""
-    out = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    """Forward attention: returns out (b, sq, h, dv) in q's dtype (dv: v's head dim) and lse (b, h, sq) fp32, natural
+    log (the sink included)."""
+    out = torch.empty(checks.out_shape(q, v), dtype=q.dtype, device=q.device)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     forward_into(q, k, v, out, lse, softmax_scale, causal, sm_margin, window_size=(window_size_left, window_size_right),
                  softcap=softcap, learnable_sink=learnable_sink)
@@ -147,7 +149,7 @@ def fwd(
 @fwd.register_fake
 def _(q, k, v, softmax_scale, causal, sm_margin, window_size_left=-1, window_size_right=-1, softcap=0.0,
       learnable_sink=None):
-    return q.new_empty(q.shape), q.new_empty(_lse_shape(q), dtype=torch.float32)
+    return q.new_empty(checks.out_shape(q, v)), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
 def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
@@ -161,7 +163,8 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
         if debug.debug_enabled():  # the order an H200 would run (none for an order its kernels refuse there)
             kernel_causal, window = features.kernel_window(causal, window_size, q.shape[1], k.shape[1])
             try:
-                launch_for(q, k, kernel_causal, deterministic, schedule, checks.modeled_grid_size(sm_margin), window)
+                launch_for(q, k, kernel_causal, deterministic, schedule, checks.modeled_grid_size(sm_margin), window,
+                           head_dim_v=v.shape[-1])
             except NotImplementedError:
                 pass
         grads = attention_ref_grads(dout, q, k, v, softmax_scale, causal, window_size=window_size, softcap=softcap,

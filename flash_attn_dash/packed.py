@@ -56,6 +56,14 @@ def _check_qkv(qkv: object, num_heads_q: object, dim: int) -> tuple[str, str, st
     return "qkv (q heads)", "qkv (k heads)", "qkv (v heads)"
 
 
+def _check_kv_head_dim(q: object, kv: torch.Tensor) -> None:
+    """kv packs k and v with one head dim, which must be q's: a v head dim of its own (MLA) needs k and v apart."""
+    if isinstance(q, torch.Tensor) and q.dim() > 0 and kv.shape[-1] != q.shape[-1]:
+        raise ValueError(f"kv.shape[-1] (the head_dim of k and v) must equal q.shape[-1] = {q.shape[-1]}, got "
+                         f"{kv.shape[-1]}: kv packs k and v with one head dim, so a v head dim of its own (MLA's "
+                         "(192, 128)) needs flash_attn_func / flash_attn_varlen_func with separate k and v")
+
+
 def _check_kv(kv: object, dim: int) -> tuple[str, str]:
     """Validate the packed layout; return the names errors give the k, v views."""
     if not isinstance(kv, torch.Tensor):
@@ -275,7 +283,8 @@ def flash_attn_qkvpacked_func(
     return_lse: bool = False,
     num_heads_q: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flash_attn_dash.flash_attn_func` on one packed tensor (self-attention), as FlashAttention-3's.
+    """:func:`flash_attn_dash.flash_attn_func` on one packed tensor (self-attention), as FlashAttention-3's. q, k and v
+    share one head dim (a v head dim of its own, MLA's, needs ``flash_attn_func``).
 
     Args:
         qkv: (batch, seqlen, 3, heads, head_dim); or, with ``num_heads_q``, (batch, seqlen, num_heads_q +
@@ -311,7 +320,8 @@ def flash_attn_kvpacked_func(
     sm_margin: int = 0,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flash_attn_dash.flash_attn_func` with k and v packed in one tensor, as FlashAttention-2's.
+    """:func:`flash_attn_dash.flash_attn_func` with k and v packed in one tensor, as FlashAttention-2's: one head dim
+    for q, k and v (a v head dim of its own, MLA's, needs ``flash_attn_func``; ValueError names it).
 
     Args:
         q: (batch, seqlen_q, heads, head_dim).
@@ -325,6 +335,7 @@ def flash_attn_kvpacked_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     names = _check_kv(kv, _DENSE)
+    _check_kv_head_dim(q, kv)
     shape = checks.check_tensors(q, *split_kv(kv), names=("q",) + names)
     feats = _dense_features(causal, window_size, softcap, learnable_sink, schedule, shape, q)
     scale = checks.softmax_scale_or_default(shape.head_dim, softmax_scale)
@@ -348,7 +359,8 @@ def flash_attn_varlen_qkvpacked_func(
     return_lse: bool = False,
     num_heads_q: int | None = None,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flash_attn_dash.flash_attn_varlen_func` on one packed tensor (self-attention), as FlashAttention-2's.
+    """:func:`flash_attn_dash.flash_attn_varlen_func` on one packed tensor (self-attention), as FlashAttention-2's;
+    one head dim for q, k and v.
 
     Args:
         qkv: (total, 3, heads, head_dim); or, with ``num_heads_q``, (total, num_heads_q + 2 * heads_k, head_dim).
@@ -390,7 +402,8 @@ def flash_attn_varlen_kvpacked_func(
     sm_margin: int = 0,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-    """:func:`flash_attn_dash.flash_attn_varlen_func` with k and v packed in one tensor, as FlashAttention-2's.
+    """:func:`flash_attn_dash.flash_attn_varlen_func` with k and v packed in one tensor, as FlashAttention-2's: one
+    head dim for q, k and v (ValueError names a v head dim of its own, which needs ``flash_attn_varlen_func``).
 
     Args:
         q: (total_q, heads, head_dim).
@@ -405,6 +418,7 @@ def flash_attn_varlen_kvpacked_func(
     """
     checks.check_options(softmax_scale, causal, deterministic, schedule, sm_margin, return_lse)
     names = _check_kv(kv, _VARLEN)
+    _check_kv_head_dim(q, kv)
     shape = check_varlen_args(q, *split_kv(kv, _VARLEN), cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                               None, None, names=("q",) + names)
     feats = _varlen_features(causal, window_size, softcap, learnable_sink, schedule, shape.heads, max_seqlen_q,

@@ -110,8 +110,9 @@ def attention_ref(
 
     Args:
         q: (batch, seqlen_q, heads, head_dim).
-        k, v: (batch, seqlen_k, heads_k, head_dim) with heads % heads_k == 0 (GQA/MQA).
-        softmax_scale: scale of q·kᵀ; default head_dim ** -0.5.
+        k, v: (batch, seqlen_k, heads_k, head_dim) and (batch, seqlen_k, heads_k, head_dim_v) with heads % heads_k
+            == 0 (GQA/MQA); v's head dim may differ (MLA).
+        softmax_scale: scale of q·kᵀ; default head_dim ** -0.5 (q's head dim).
         causal: mask aligned bottom-right (see :func:`visible_mask`); sets the window's right side to 0.
         upcast: compute in fp32 (fp64 for fp64 inputs) and return ``out`` in that precision (the reference);
             if False the matmuls run in the input dtype and only the softcap and softmax in fp32 (the "same math in
@@ -121,7 +122,7 @@ def attention_ref(
         learnable_sink: None or (heads,) sink logits (module docstring).
 
     Returns:
-        ``(out, lse)``: out (batch, seqlen_q, heads, head_dim); lse (batch, heads, seqlen_q) fp32 (fp64 for
+        ``(out, lse)``: out (batch, seqlen_q, heads, head_dim_v); lse (batch, heads, seqlen_q) fp32 (fp64 for
         fp64 inputs), natural log of the softmax denominator, the sink included. Rows that see no key give out = 0
         and lse = -inf (lse = sink[h] with a sink).
     """

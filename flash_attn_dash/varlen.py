@@ -77,7 +77,8 @@ def flash_attn_varlen_func(
     Args:
         q: (total_q, heads, head_dim), fp16 or bf16 on an sm90 GPU (CPU tensors, also fp32/fp64 and any head dim,
             run the PyTorch reference with the same semantics).
-        k, v: (total_k, heads_k, head_dim) on q's device in q's dtype; heads % heads_k == 0 gives GQA/MQA.
+        k, v: (total_k, heads_k, head_dim) and (total_k, heads_k, head_dim_v) on q's device in q's dtype; heads %
+            heads_k == 0 gives GQA/MQA; v's head dim may differ from q's and k's (MLA, as in ``flash_attn_func``).
         cu_seqlens_q, cu_seqlens_k: int32 (batch + 1,) on q's device, the same batch for both: 0, then the running
             sum of the sequence lengths, ending at total_q (total_k). Lengths may be 0: a sequence without queries
             has no rows; one with queries but no keys gives out = 0 and lse = -inf on its rows.
@@ -115,7 +116,7 @@ def flash_attn_varlen_func(
             differentiable).
 
     Returns:
-        out (total_q, heads, head_dim) in q's dtype, or (out, lse) if return_lse.
+        out (total_q, heads, head_dim_v) in q's dtype, or (out, lse) if return_lse.
 
     Every argument is checked before anything is launched, from dtypes, devices and shapes (including that q, k
     and v stay below 2**31 elements, the varlen kernels' 32-bit offsets). The values of ``cu_seqlens_*`` and

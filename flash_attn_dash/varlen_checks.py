@@ -26,7 +26,8 @@ class VarlenShape:
     total_k: int
     heads: int
     heads_k: int
-    head_dim: int
+    head_dim: int  # q and k
+    head_dim_v: int  # v and the output
 
 
 def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: tuple[str, str, str]) -> checks.AttnShape:
@@ -34,13 +35,14 @@ def _check_packed(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, names: tupl
     (the packed shape checks come first so no error quotes the views' 4-D shapes)."""
     qn, kn, vn = names
     for name, t, dims in ((qn, q, "total_q, heads, head_dim"), (kn, k, "total_k, heads_k, head_dim"),
-                          (vn, v, "total_k, heads_k, head_dim")):
+                          (vn, v, "total_k, heads_k, head_dim_v")):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if t.dim() != 3:
             raise ValueError(f"{name} must be 3-D ({dims}), got shape {tuple(t.shape)}")
-    if tuple(v.shape) != tuple(k.shape):
-        raise ValueError(f"{vn}.shape must equal {kn}.shape {tuple(k.shape)}, got {tuple(v.shape)}")
+    if tuple(v.shape[:2]) != tuple(k.shape[:2]):
+        raise ValueError(f"{vn}.shape[:2] (total_k, heads_k) must equal {kn}.shape[:2] {tuple(k.shape[:2])}, got "
+                         f"{tuple(v.shape[:2])} ({vn} may differ from {kn} in head_dim only)")
     if k.shape[2] != q.shape[2]:
         raise ValueError(f"{kn}.shape[2] (head_dim) must equal {qn}.shape[2] = {q.shape[2]}, got {k.shape[2]}")
     return checks.check_tensors(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), names=names)
@@ -122,7 +124,8 @@ def check_varlen_args(
     _check_seqused("seqused_k", seqused_k, batch, q.device)
     _check_totals("q", shape.seqlen_q, batch, max_seqlen_q)
     _check_totals("k", shape.seqlen_k, batch, max_seqlen_k)
-    return VarlenShape(batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads_k, shape.head_dim)
+    return VarlenShape(batch, shape.seqlen_q, shape.seqlen_k, shape.heads, shape.heads_k, shape.head_dim,
+                       shape.head_dim_v)
 
 
 def check_varlen_features(causal: bool, window_size: object, softcap: object, learnable_sink: object, schedule: str,

@@ -110,10 +110,10 @@ def kernel_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens
                                                  has_sink=learnable_sink is not None)
     heads, total_q = q.shape[1], q.shape[0]
     if seqused_q is None:
-        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+        out = q.new_empty(checks.out_shape(q, v))
         lse = torch.empty((heads, total_q), dtype=torch.float32, device=q.device)
     else:
-        out = torch.zeros_like(q, memory_format=torch.contiguous_format)
+        out = q.new_zeros(checks.out_shape(q, v))
         lse = torch.full((heads, total_q), float("-inf"), dtype=torch.float32, device=q.device)
     if total_q == 0:
         return out, lse
@@ -158,7 +158,7 @@ def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                                                  has_sink=learnable_sink is not None)
     decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0], cu_seqlens_q.numel() - 1,
                                           q.shape[1], checks.check_sm_margin(sm_margin, q.device), k.shape[1], window,
-                                          causal)
+                                          causal, head_dim_v=v.shape[-1])
     if decided is None:
         return False
     raise_pending_error(q.device)

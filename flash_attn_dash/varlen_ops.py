@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from . import features, varlen_cuda, varlen_per_sequence
+from . import checks, features, varlen_cuda, varlen_per_sequence
 from .varlen_layout import read_layout
 
 
@@ -34,7 +34,7 @@ def varlen_fwd(
     softcap: float = 0.0,
     learnable_sink: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Packed forward: out (total_q, heads, d) in q's dtype and lse (heads, total_q) fp32, natural log (the sink
+    """Packed forward: out (total_q, heads, dv) in q's dtype (dv: v's head dim) and lse (heads, total_q) fp32, natural log (the sink
     included)."""
     window_size = (window_size_left, window_size_right)
     if q.is_cuda:
@@ -49,7 +49,7 @@ def varlen_fwd(
 @varlen_fwd.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal,
       sm_margin, window_size_left=-1, window_size_right=-1, softcap=0.0, learnable_sink=None):
-    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return q.new_empty(checks.out_shape(q, v)), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def varlen_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from . import ops
+from . import checks, ops
 from .launch import varlen_request
 from .varlen_layout import PackedSequence
 
@@ -23,9 +23,9 @@ def _rows(t: torch.Tensor, rows: slice) -> torch.Tensor:
 def forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, seqs: list[PackedSequence], softmax_scale: float,
             causal: bool, sm_margin: int, *, window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
             learnable_sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """out (total_q, heads, d) in q's dtype and lse (heads, total_q) fp32; the window applies to each sequence
-    (aligned bottom-right on its used lengths)."""
-    out = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
+    """out (total_q, heads, dv) in q's dtype (dv: v's head dim) and lse (heads, total_q) fp32; the window applies to
+    each sequence (aligned bottom-right on its used lengths)."""
+    out = torch.zeros(checks.out_shape(q, v), dtype=q.dtype, device=q.device)
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float32, device=q.device)
     for s in seqs:
         if s.has_work:

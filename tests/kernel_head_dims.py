@@ -8,22 +8,62 @@ import torch
 from flash_attn_dash import _ext, variants
 
 
-def gpu_head_dims() -> list[int]:
+class HeadDims(int):
+    """A head dim the GPU tests run: as an int, q's and k's (the tests' shapes, scales and, for equal head dims, ids
+    as before pairs existed); ``v``, v's and the output's. ``str`` is the build name, ``128`` or ``192v128``, so a
+    pair gets its own test ids; equality and hashing tell (192, 128) from 192."""
+
+    v: int
+
+    def __new__(cls, qk: int, v: int) -> HeadDims:
+        obj = super().__new__(cls, qk)
+        obj.v = v
+        return obj
+
+    def __str__(self) -> str:
+        return f"{int(self)}" if self.v == int(self) else f"{int(self)}v{self.v}"
+
+    __repr__ = __str__
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, HeadDims):
+            return (int(self), self.v) == (int(other), other.v)
+        return self.v == int(self) and int.__eq__(self, other)
+
+    def __ne__(self, other: object) -> bool:  # int's own __ne__ would ignore v
+        return not self == other
+
+    def __hash__(self) -> int:
+        return hash(int(self)) if self.v == int(self) else hash((int(self), self.v))
+
+
+def head_dim_v(d: int) -> int:
+    """V's head dim of a test's head dim (a :class:`HeadDims`, or a plain int: the same as q's)."""
+    return getattr(d, "v", d)
+
+
+def gpu_head_dims(v_pairs: bool = False) -> list[HeadDims]:
     """Every default-build entry of the variant table (a build that lacks one fails its tests) and any other entry
-    this build compiled (``FLASH_DASH_HDIMS``)."""
+    this build compiled (``FLASH_DASH_HDIMS``); entries with a V head dim of their own (MLA's (192, 128)) only for
+    ``v_pairs``: the tests that give v (and out, dout, dv) :func:`head_dim_v` columns."""
     compiled = set(_ext.compiled_head_dims(torch.bfloat16)) | set(_ext.compiled_head_dims(torch.float16))
-    return [h.qk for h in variants.HEAD_DIMS if h.default_build or h.qk in compiled]
+    return [HeadDims(h.qk, h.v) for h in variants.HEAD_DIMS
+            if (h.default_build or h.label in compiled) and (v_pairs or h.v == h.qk)]
 
 
-def sanitize_head_dims() -> list[int]:
+def sanitize_head_dims() -> list[HeadDims]:
     """The head dims the compute-sanitizer scripts run: :func:`gpu_head_dims`, or the subset ``SANITIZE_HDIMS``
-    (comma separated) names, so that one device call can check the kernels a change touched."""
-    dims = gpu_head_dims()
+    (comma separated build names: ``128``, ``192v128``) names, so that one device call can check the kernels a change
+    touched."""
+    dims = gpu_head_dims(v_pairs=True)
     wanted = os.environ.get("SANITIZE_HDIMS")
     if not wanted:
         return dims
-    picked = [int(x) for x in wanted.split(",")]
-    missing = sorted(set(picked) - set(dims))
+    picked = [x.strip() for x in wanted.split(",")]
+    have = [str(d) for d in dims]
+    missing = [p for p in picked if p not in have]
     if missing:
-        raise ValueError(f"SANITIZE_HDIMS names head dims this build's tests do not cover: {missing} (have {dims})")
-    return [d for d in dims if d in picked]
+        raise ValueError(f"SANITIZE_HDIMS names head dims this build's tests do not cover: {missing} (have "
+                         f"{', '.join(have)})")
+    return [d for d in dims if str(d) in picked]
+

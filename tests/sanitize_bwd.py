@@ -5,7 +5,7 @@ The narrow windows run the GQA-folded kernels (flash_attn_dash.launch.gqa_fold),
 """
 import torch
 
-from kernel_head_dims import sanitize_head_dims
+from kernel_head_dims import head_dim_v, sanitize_head_dims
 
 from flash_attn_dash import variants
 from flash_attn_dash.ops import bwd_into
@@ -31,7 +31,8 @@ def main():
             for det, sched in runs:
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-                v, do = torch.randn_like(k), torch.randn_like(q)
+                v = torch.randn(b, sk, hk, head_dim_v(d), device="cuda", dtype=torch.bfloat16)
+                do = torch.randn(b, sq, h, head_dim_v(d), device="cuda", dtype=torch.bfloat16)
                 with torch.no_grad():
                     # (causal, window) are the kernels' (features.kernel_window): the window alone is the mask.
                     o, lse = attention_ref(q.float(), k.float(), v.float(), causal=causal and window == (-1, -1),
@@ -55,8 +56,8 @@ def varlen() -> None:
     from flash_attn_dash import varlen_cuda
 
     for d in sanitize_head_dims():
-        q, k_gqa, v_gqa, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
-        do = torch.randn_like(q)
+        q, k_gqa, v_gqa, cu_q, cu_k, max_q, max_k = sanitize_pack(d, head_dim_v(d))
+        do = torch.randn(*q.shape[:-1], head_dim_v(d), device="cuda", dtype=q.dtype)
         sink2 = torch.randn(2, device="cuda")
         # (causal, window, sink, MHA): the MHA band runs the plain window kernels, the GQA bands fold.
         for causal, window, sink, mha in ((False, (-1, -1), None, False), (True, (-1, -1), None, False),

@@ -4,7 +4,7 @@
 """
 import torch
 
-from kernel_head_dims import sanitize_head_dims
+from kernel_head_dims import head_dim_v, sanitize_head_dims
 
 import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
@@ -29,8 +29,8 @@ def main():
             for margin in (0, sms - 2):
                 q = torch.randn(b, sq, h, d, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, sk, hk, d, device="cuda", dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                out = torch.empty_like(q)
+                v = torch.randn(b, sk, hk, head_dim_v(d), device="cuda", dtype=torch.bfloat16)
+                out = torch.empty(b, sq, h, head_dim_v(d), device="cuda", dtype=torch.bfloat16)
                 lse = torch.empty(b, h, sq, device="cuda")
                 sink = torch.randn(h, device="cuda") if with_sink else None
                 torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, d ** -0.5, causal, margin, *window, sink,
@@ -49,7 +49,7 @@ def varlen(sms: int) -> None:
     from flash_attn_dash import varlen_cuda
 
     for d in sanitize_head_dims():
-        q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d)
+        q, k, v, cu_q, cu_k, max_q, max_k = sanitize_pack(d, head_dim_v(d))
         for causal, window in ((False, (-1, -1)), (True, (-1, -1)), (True, (128, 0))):
             for margin in (0, sms - 2):
                 varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, margin,

@@ -1,7 +1,8 @@
 """sm90 backward kernels: gradients vs the fp32 reference, bitwise determinism, deadlock/coverage sweep
 and model = kernel (dQ accumulation order trace vs flash_attn_dash.schedule). GPU only.
 
-Tolerance rule: tests/grad_rule.py.
+Tolerance rule: tests/grad_rule.py. Head dims include the pairs with a V head dim of their own (MLA's (192, 128), where
+built): v, out, dout and dv then have head_dim_v(d) columns.
 """
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule, ref_grads
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import gpu_head_dims, head_dim_v
 
 from flash_attn_dash import variants
 
@@ -36,7 +37,7 @@ pytestmark = [
 ]
 
 DTYPES = [torch.bfloat16, torch.float16]
-HDIMS = gpu_head_dims()
+HDIMS = gpu_head_dims(v_pairs=True)
 SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
@@ -51,7 +52,7 @@ WATCHDOG_S = 10.0
 
 
 def _blocks(d: int) -> tuple[int, int]:
-    return variants.bwd_tile(d)
+    return variants.bwd_tile(d, head_dim_v(d))
 
 
 def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0, window_size=(-1, -1)):
@@ -60,8 +61,8 @@ def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0, window_size=(-1, -1)):
     g = torch.Generator(device="cuda").manual_seed(seed)
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype, generator=g)
-    dout = torch.randn(b, sq, h, d, device="cuda", dtype=dtype, generator=g)
+    v = torch.randn(b, sk, hk, head_dim_v(d), device="cuda", dtype=dtype, generator=g)
+    dout = torch.randn(b, sq, h, head_dim_v(d), device="cuda", dtype=dtype, generator=g)
     with torch.no_grad():
         out32, lse = attention_ref(q.float(), k.float(), v.float(), softmax_scale=d ** -0.5, causal=causal, upcast=True,
                                    window_size=window_size)
@@ -204,7 +205,7 @@ def _bits(grads):
     return [g_.view(torch.int16).clone() for g_ in grads]
 
 
-SWAPPED_HDIMS = [d for d in HDIMS if variants.head_dim(d).bwd.swap_dkv]
+SWAPPED_HDIMS = [d for d in HDIMS if variants.head_dim(d, head_dim_v(d)).bwd.swap_dkv]
 
 
 @pytest.mark.parametrize("d", SWAPPED_HDIMS)
@@ -334,7 +335,8 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
-    fold = bwd_launch(causal, d, sq, sk, b, h, num_sms, True, schedule, (-1, -1), hk).gqa_fold  # what ran
+    fold = bwd_launch(causal, d, sq, sk, b, h, num_sms, True, schedule, (-1, -1), hk,
+                      head_dim_v=head_dim_v(d)).gqa_fold  # what ran
     plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk,
                       fold=fold)
     plan.check()

@@ -2,7 +2,8 @@
 
 Rule (docs dash.md §7): max|x - ref| <= 2 * max|x_pt - ref| + atol, ref computed in fp32, x_pt the same
 math in the input dtype, atol = 2 * max|ref + 0.3 - 0.3 - ref|. LSE: max|lse - ref| <= 2 * max|lse_pt -
-ref| + 1e-4 over rows with a visible key; rows without one must be exactly -inf in both.
+ref| + 1e-4 over rows with a visible key; rows without one must be exactly -inf in both. Head dims include the
+pairs with a V head dim of their own (MLA's (192, 128), where built): v and out then have head_dim_v(d) columns.
 """
 from __future__ import annotations
 
@@ -11,13 +12,13 @@ import math
 import pytest
 import torch
 
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import gpu_head_dims, head_dim_v
 
 
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without an sm90 GPU and the kernels
 
 DTYPES = [torch.bfloat16, torch.float16]
-HDIMS = gpu_head_dims()
+HDIMS = gpu_head_dims(v_pairs=True)
 SMALL_SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224), (8192, 8192)]
 # (batch, heads, heads_k): MHA, GQA 6/2, MQA 6/1
@@ -30,7 +31,7 @@ def _run_fwd(q, k, v, softmax_scale, causal, sm_margin=0, poison=True):
 
     b, sq, h, d = q.shape
     fill = float("nan") if poison else 0.0
-    out = torch.full(q.shape, fill, dtype=q.dtype, device=q.device)
+    out = torch.full((*q.shape[:-1], v.shape[-1]), fill, dtype=q.dtype, device=q.device)
     lse = torch.full((b, h, sq), fill, dtype=torch.float32, device=q.device)
     torch.ops.flash_attn_dash.fwd_out(q, k, v, out, lse, softmax_scale, causal, sm_margin)
     return out, lse
@@ -42,7 +43,7 @@ def _check(q, k, v, out, lse, softmax_scale, causal, window_size=(-1, -1), softc
     ref = dict(softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap)
     out_ref, lse_ref = attention_ref(q, k, v, upcast=True, **ref)
     out_pt, lse_pt = attention_ref(q, k, v, upcast=False, **ref)
-    assert out.shape == q.shape and out.dtype == q.dtype
+    assert out.shape == (*q.shape[:-1], v.shape[-1]) and out.dtype == q.dtype
     assert lse.shape == lse_ref.shape and lse.dtype == torch.float32
     assert not torch.isnan(out).any(), "output rows left unwritten (poison) or NaN"
     assert not torch.isnan(lse).any(), "lse rows left unwritten (poison) or NaN"
@@ -68,7 +69,7 @@ def _check(q, k, v, out, lse, softmax_scale, causal, window_size=(-1, -1), softc
 def _inputs(b, sq, sk, h, hk, d, dtype):
     q = torch.randn(b, sq, h, d, device="cuda", dtype=dtype)
     k = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
-    v = torch.randn(b, sk, hk, d, device="cuda", dtype=dtype)
+    v = torch.randn(b, sk, hk, head_dim_v(d), device="cuda", dtype=dtype)
     return q, k, v
 
 
@@ -123,10 +124,12 @@ def test_fwd_many_tiles_per_cta(sq, sk, causal, d, dtype):
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq", [1, 257, 1000])
 def test_fwd_packed_qkv_strides(sq, causal, d, dtype):
-    """q, k, v as slices of a packed (b, s, 3, h, d) tensor: row stride 3*h*d, batch stride s*3*h*d."""
+    """q, k, v as slices of a packed (b, s, 3, h, d) tensor: row stride 3*h*d, batch stride s*3*h*d (v: its first
+    head_dim_v columns)."""
     b, h = 2, 3
     qkv = torch.randn(b, sq, 3, h, d, device="cuda", dtype=dtype)
     q, k, v = qkv.unbind(dim=2)
+    v = v[..., :head_dim_v(d)]
     assert not q.is_contiguous()
     scale = d**-0.5
     out, lse = _run_fwd(q, k, v, scale, causal)
@@ -139,7 +142,7 @@ def test_fwd_packed_gqa_strides(causal, d):
     """GQA k/v as head-slices of one (b, s, h + 2*hk, d) buffer (head stride d, row stride (h+2hk)*d)."""
     b, s, h, hk, dtype = 2, 333, 6, 2, torch.bfloat16
     buf = torch.randn(b, s, h + 2 * hk, d, device="cuda", dtype=dtype)
-    q, k, v = buf[:, :, :h], buf[:, :, h : h + hk], buf[:, :, h + hk :]
+    q, k, v = buf[:, :, :h], buf[:, :, h : h + hk], buf[:, :, h + hk :, :head_dim_v(d)]
     scale = d**-0.5
     out, lse = _run_fwd(q, k, v, scale, causal)
     _check(q, k, v, out, lse, scale, causal)

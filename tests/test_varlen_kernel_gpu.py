@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import gpu_head_dims, head_dim_v
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
@@ -19,7 +19,7 @@ from flash_attn_dash import flash_attn_varlen_func, varlen_cuda
 
 pytestmark = pytest.mark.gpu
 
-HDIMS = gpu_head_dims()
+HDIMS = gpu_head_dims(v_pairs=True)  # MLA's (192, 128) where built: v, out, dout and dv have head_dim_v columns
 # The feature cases: hdim 64 and 128 (96 shares 128's kernels' code paths) and every entry above 128 this build has
 # (their swapped dK/dV backward).
 FEATURE_HDIMS = [d for d in HDIMS if d != 96]
@@ -52,7 +52,7 @@ def _random_pack(seed: int, count: int, longest: int, heads: int, heads_k: int, 
     used_q = [int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens_q] if used else None
     used_k = [int(torch.randint(0, n + 1, (1,), generator=gen)) for n in lens_k] if used else None
     return make_pack(lens_q, lens_k, heads, heads_k, head_dim, dtype, "cuda", seed=seed, used_q=used_q,
-                     used_k=used_k)
+                     used_k=used_k, head_dim_v=head_dim_v(head_dim))
 
 
 def _both_paths(pack: Pack, monkeypatch, **kwargs):
@@ -236,7 +236,8 @@ def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: 
 
 
 def _dout(pack: Pack) -> torch.Tensor:
-    return torch.randn(pack.q.shape, generator=torch.Generator().manual_seed(7)).to(pack.q)
+    shape = (*pack.q.shape[:-1], pack.v.shape[-1])  # the output's
+    return torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(pack.q)
 
 
 @pytest.mark.parametrize("schedule", ["auto", "ascending", "descending"])
@@ -284,7 +285,7 @@ def test_folded_varlen_kernel_gives_each_sequence_its_dense_bits(monkeypatch, he
     used_q = [int(torch.randint(n // 2, n + 1, (1,), generator=gen)) for n in lens_q] if used else None
     used_k = [int(torch.randint(n // 2, n + 1, (1,), generator=gen)) for n in lens_k] if used else None
     pack = make_pack(lens_q, lens_k, 8, 2, head_dim, torch.bfloat16, "cuda", seed=head_dim, used_q=used_q,
-                     used_k=used_k)
+                     used_k=used_k, head_dim_v=head_dim_v(head_dim))
     features = _features(features, 8)
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, kernel_runs=True, **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):

@@ -96,8 +96,8 @@ def test_backward_asks_each_sequence_for_the_reported_order(monkeypatch):
     seen = []
     real = ops.launch_for
 
-    def record(q, k, causal, deterministic, schedule, num_sms, window=(-1, -1)):
-        launch = real(q, k, causal, deterministic, schedule, num_sms, window)
+    def record(q, k, causal, deterministic, schedule, num_sms, window=(-1, -1), **kwargs):
+        launch = real(q, k, causal, deterministic, schedule, num_sms, window, **kwargs)
         seen.append((q.shape[1], k.shape[1], launch.schedule))
         return launch
 

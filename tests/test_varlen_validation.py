@@ -56,9 +56,11 @@ def test_q_k_v_must_be_3d():
         call(pack, k=pack.k.flatten(1))
 
 
-def test_v_shape_must_equal_k_shape():
+def test_v_tokens_and_heads_must_equal_ks():
+    """v may differ from k in its head dim only (MLA)."""
     pack = make_pack([3, 4, 2], [5, 4, 1])
-    with pytest.raises(ValueError, match=r"v.shape must equal k.shape \(10, 2, 16\), got \(9, 2, 16\)"):
+    with pytest.raises(ValueError, match=r"v.shape\[:2\] \(total_k, heads_k\) must equal k.shape\[:2\] \(10, 2\), "
+                                         r"got \(9, 2\) \(v may differ from k in head_dim only\)"):
         call(pack, v=pack.v[:9])
 
 

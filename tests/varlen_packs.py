@@ -44,15 +44,17 @@ class Pack:
 
 def make_pack(lens_q: list[int], lens_k: list[int], heads: int = 4, heads_k: int = 2, head_dim: int = 16,
               dtype: torch.dtype = torch.float32, device: str = "cpu", seed: int = 0, used_q: list[int] | None = None,
-              used_k: list[int] | None = None) -> Pack:
+              used_k: list[int] | None = None, head_dim_v: int | None = None) -> Pack:
+    """A pack of random q, k, v (v with ``head_dim_v`` columns, default ``head_dim``)."""
     gen = torch.Generator().manual_seed(seed)
 
     def rand(*shape):
         return torch.randn(*shape, generator=gen).to(dtype=dtype, device=device).requires_grad_()
 
     total_q, total_k = sum(lens_q), sum(lens_k)
-    return Pack(rand(total_q, heads, head_dim), rand(total_k, heads_k, head_dim), rand(total_k, heads_k, head_dim),
-                list(lens_q), list(lens_k), used_q, used_k)
+    return Pack(rand(total_q, heads, head_dim), rand(total_k, heads_k, head_dim),
+                rand(total_k, heads_k, head_dim if head_dim_v is None else head_dim_v), list(lens_q), list(lens_k),
+                used_q, used_k)
 
 
 def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax_scale: float | None = None,
@@ -61,7 +63,8 @@ def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax
     attention_ref's ``features`` (window_size, softcap) and sink; dsink sums the sequences' sink gradients (None
     without a sink). Rows no sequence uses hold out 0, lse -inf and zero gradients."""
     q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
-    out, dq, dk, dv = (torch.zeros_like(t) for t in (q, q, k, v))
+    out = q.new_zeros((*q.shape[:-1], v.shape[-1]))
+    dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
     lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=torch.float64)
     sink = None if learnable_sink is None else learnable_sink.detach().clone().requires_grad_()
     dsink = None if sink is None else torch.zeros_like(sink)
@@ -85,10 +88,13 @@ def per_sequence_reference(pack: Pack, dout: torch.Tensor, causal: bool, softmax
 SANITIZE_LENS_Q, SANITIZE_LENS_K = [0, 1, 300, 129, 64, 700], [5, 0, 517, 129, 200, 700]
 
 
-def sanitize_pack(head_dim: int):
-    """(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of that pack on the GPU, bf16, 2/1 heads."""
+def sanitize_pack(head_dim: int, head_dim_v: int | None = None):
+    """(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) of that pack on the GPU, bf16, 2/1 heads (v
+    with ``head_dim_v`` columns, default ``head_dim``)."""
     q = torch.randn(sum(SANITIZE_LENS_Q), 2, head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(sum(SANITIZE_LENS_K), 1, head_dim, device="cuda", dtype=torch.bfloat16)
-    return (q, k, torch.randn_like(k), cu_seqlens(SANITIZE_LENS_Q, "cuda"), cu_seqlens(SANITIZE_LENS_K, "cuda"),
+    v = torch.randn(sum(SANITIZE_LENS_K), 1, head_dim if head_dim_v is None else head_dim_v, device="cuda",
+                    dtype=torch.bfloat16)
+    return (q, k, v, cu_seqlens(SANITIZE_LENS_Q, "cuda"), cu_seqlens(SANITIZE_LENS_K, "cuda"),
             max(SANITIZE_LENS_Q), max(SANITIZE_LENS_K))
 
