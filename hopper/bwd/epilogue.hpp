@@ -21,7 +21,9 @@ namespace bwd {
 template <class Traits, bool Deterministic, bool GqaFold, bool Varlen>
 struct BwdEpilogue {
     // dK and dV have their own head dims (Traits::kHeadDim, kHeadDimV): one loop walks both accumulators, element i of
-    // each (dV's may be the shorter), each with its own coordinates.
+    // each (dV's may be the shorter), each at its own column. Element i of both has the same key: their GEMMs share
+    // the key split and the accumulator's value layout up to the head-dim extent (plain: one 64 x d atom, keys on its
+    // rows; swapped: one MMA, keys on its N), so one bound check covers both stores, as when they had one shape.
     template <class Params, class TiledMmaK, class TiledMmaV, class AccK, class AccV>
     CUTLASS_DEVICE static void store(Params const& params, SchedShape const& sched, TileCtx const& c,
                                      VarlenSeq const& seq, int tid, TiledMmaK& mma_dk, TiledMmaV& mma_dv,
@@ -48,21 +50,29 @@ struct BwdEpilogue {
         if (walk.folded() || params.dk_accum == nullptr) {
             Element* dk = params.dk + (Varlen ? seq.k_start * params.dk_row : c.b * params.dk_batch) + hk * params.dk_head;
             Element* dv = params.dv + (Varlen ? seq.k_start * params.dv_row : c.b * params.dv_batch) + hk * params.dv_head;
-            // kVec elements from i on, in the input dtype, into row `key` of `out`, if the row is a key.
-            auto put = [&](auto const& acc, auto const& tc, Element* out, int64_t row_stride, int i) {
-                int const row = n_base + key_of(tc, i);
-                if (row < sched.seqlen_k) {
-                    cutlass::NumericArrayConverter<Element, float, kVec> cvt;
-                    cutlass::Array<float, kVec> x;
-                    x[0] = acc(i);
-                    if constexpr (kVec == 2) { x[1] = acc(i + 1); }
-                    *reinterpret_cast<cutlass::Array<Element, kVec>*>(out + row * row_stride + col_of(tc, i)) = cvt(x);
-                }
-            };
             CUTLASS_PRAGMA_UNROLL
             for (int i = 0; i < kElems; i += kVec) {
-                if (i < kElemsK) { put(tdKacc, tcK, dk, params.dk_row, i); }
-                if (i < kElemsV) { put(tdVacc, tcV, dv, params.dv_row, i); }
+                int const row = n_base + (i < kElemsK ? key_of(tcK, i) : key_of(tcV, i));
+                if (row < sched.seqlen_k) {
+                    cutlass::NumericArrayConverter<Element, float, kVec> cvt;
+                    cutlass::Array<float, kVec> k2, v2;
+                    if (i < kElemsK) {
+                        k2[0] = tdKacc(i);
+                        if constexpr (kVec == 2) { k2[1] = tdKacc(i + 1); }
+                    }
+                    if (i < kElemsV) {
+                        v2[0] = tdVacc(i);
+                        if constexpr (kVec == 2) { v2[1] = tdVacc(i + 1); }
+                    }
+                    auto ko = cvt(k2);
+                    auto vo = cvt(v2);
+                    if (i < kElemsK) {
+                        *reinterpret_cast<cutlass::Array<Element, kVec>*>(dk + row * params.dk_row + col_of(tcK, i)) = ko;
+                    }
+                    if (i < kElemsV) {
+                        *reinterpret_cast<cutlass::Array<Element, kVec>*>(dv + row * params.dv_row + col_of(tcV, i)) = vo;
+                    }
+                }
             }
         } else {
             // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major (d: dK's or dV's head dim), padded rows (no
