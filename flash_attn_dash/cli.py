@@ -25,9 +25,16 @@ from .schedule.auto import Prediction, auto_reason, model_choice, predict, predi
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
 from .schedule.packs import PackTiles, check_seqlens
-from .schedule.tiles import TileGrid, bwd_tile_shape, check_window_size
+from .schedule.tiles import TileGrid, check_window_size
 
-_HEAD_DIMS = tuple(h.qk for h in variants.HEAD_DIMS)
+def _head_dims(text: str) -> tuple[int, int]:
+    """argparse type of --hdim: a variant-table entry by its build name (``128``; ``192v128``: q/k 192, v 128), as
+    (qk, v)."""
+    for h in variants.HEAD_DIMS:
+        if h.build_name == text:
+            return h.qk, h.v
+    names = ", ".join(h.build_name for h in variants.HEAD_DIMS)
+    raise argparse.ArgumentTypeError(f"must be one of {names} (192v128: q/k head dim 192, v 128), got {text!r}")
 
 
 def _int_at_least(minimum: int, what: str):
@@ -128,7 +135,8 @@ def _parsers() -> tuple[argparse.ArgumentParser, argparse.ArgumentParser]:
     plan.add_argument("--seqlen-k", type=_positive_int, help="key sequence length (default: --seqlen)")
     plan.add_argument("--seqlens-k", type=_seqlens, metavar="K1,K2,...",
                       help="with --seqlens: the key length of every sequence (default: --seqlens)")
-    plan.add_argument("--hdim", type=int, required=True, choices=_HEAD_DIMS, help="head dimension")
+    plan.add_argument("--hdim", type=_head_dims, required=True, metavar="HDIM",
+                      help="head dimension, or q/k and v head dims as 192v128 (an entry of the variant table)")
     plan.add_argument("--causal", action="store_true", help="causal mask (bottom-right aligned); default full")
     plan.add_argument("--window", type=_window, default=(-1, -1), metavar="LEFT,RIGHT",
                       help="sliding window (FlashAttention's window_size; -1 = unbounded, --causal sets RIGHT=0): "
@@ -228,6 +236,11 @@ def _kv_text(heads: int, heads_kv: int) -> str:
     return "" if heads_kv == heads else f" (K/V {heads_kv})"
 
 
+def _hdim_text(args: argparse.Namespace) -> str:
+    """``128``, or ``192v128`` for a V head dim of its own."""
+    return f"{args.hdim}" if args.hdim_v == args.hdim else f"{args.hdim}v{args.hdim_v}"
+
+
 def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r: float, grid: int) -> _Shape:
     """``plan --seqlen``: one dense call."""
     if args.seqlens_k is not None:
@@ -238,14 +251,14 @@ def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, 
     heads_kv = args.heads_kv or heads
     if heads % heads_kv:
         parser.error(f"argument --heads-kv: must divide --heads={heads}, got {heads_kv}")
-    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    block_m, block_n = variants.bwd_tile(args.hdim, args.hdim_v)
     # The window in its canonical form: (-1, 0) is the causal mask, a side that clips nothing is unbounded.
     tiles = TileGrid("causal" if args.causal else "full", args.seqlen, seqlen_k, block_m, block_n, args.window)
     mask = tiles.mask
     # What the kernels run (flash_attn_dash.launch decides it): every window but the full mask's on the causal kernels.
     kernel_causal = tiles.window != (-1, -1)
     det = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, True, "auto", tiles.window,
-                     heads_kv)
+                     heads_kv, head_dim_v=args.hdim_v)
     predictions = predict(mask, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, c, r,
                           progress=_progress(f"{tiles.describe()} seqlen {args.seqlen}"), window=tiles.window,
                           heads_kv=heads_kv, fold=det.gqa_fold)
@@ -254,7 +267,7 @@ def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, 
     if det.fallback:
         reason += f"; runs {det.schedule} here ({det.fallback})"
     nondet = bwd_launch(kernel_causal, args.hdim, args.seqlen, seqlen_k, batch, heads, grid, False, "auto",
-                        tiles.window, heads_kv).schedule
+                        tiles.window, heads_kv, head_dim_v=args.hdim_v).schedule
     notes = [f"non-deterministic backward walks: {nondet}"]
     if det.gqa_fold:
         notes.append(f"GQA sibling fold: one tile per K/V head walks its {heads // heads_kv} query heads "
@@ -263,12 +276,13 @@ def _dense(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, 
     shape = f"{mask} mask" if tiles.describe() == mask else tiles.describe()
     return _Shape(
         predictions, pick, reason, notes,
-        [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} batch={batch} "
+        [f"plan: {tiles.describe()}, seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={_hdim_text(args)} batch={batch} "
          f"heads={heads}{_kv_text(heads, heads_kv)}, tiles {block_m}x{block_n} (M={num_m}, N={num_n}), "],
-        f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {args.hdim}, batch {batch}, heads {heads}"
+        f"{shape}, seqlen_q/seqlen_k {args.seqlen}/{seqlen_k}, hdim {_hdim_text(args)}, batch {batch}, heads {heads}"
         f"{_kv_text(heads, heads_kv)}, ",
         {"mask": mask, "window": list(tiles.window), "banded": tiles.banded, "seqlen_q": args.seqlen,
-         "seqlen_k": seqlen_k, "head_dim": args.hdim, "batch": batch, "heads": heads, "heads_kv": heads_kv,
+         "seqlen_k": seqlen_k, "head_dim": args.hdim, "head_dim_v": args.hdim_v, "batch": batch, "heads": heads,
+         "heads_kv": heads_kv,
          "gqa_fold": det.gqa_fold, "block_m": block_m, "block_n": block_n, "num_m": num_m, "num_n": num_n,
          "non_deterministic_walk": nondet},
         False)
@@ -287,7 +301,7 @@ def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r
     except ValueError as err:
         parser.error(f"argument {'--seqlens-k' if str(err).startswith('seqlens_k') else '--seqlens'}: {err}")
     heads = args.heads or 2048 // args.hdim
-    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    block_m, block_n = variants.bwd_tile(args.hdim, args.hdim_v)
     pack = PackTiles("causal" if args.causal else "full", lens_q, lens_k, block_m, block_n, args.window)
     predictions = predict_pack(pack.mask, args.hdim, lens_q, lens_k, heads, grid, c, r,
                                progress=_progress(pack.describe()), window=pack.window)
@@ -301,12 +315,13 @@ def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r
     return _Shape(
         predictions, VARLEN_AUTO, reason, notes,
         [f"plan: {pack.describe()}, seqlens_q={_short(lens_q)} seqlens_k={'same' if same_k else _short(lens_k)} "
-         f"hdim={args.hdim} heads={heads}, tiles {block_m}x{block_n} (M={_short(pack.num_m)}, "
+         f"hdim={_hdim_text(args)} heads={heads}, tiles {block_m}x{block_n} (M={_short(pack.num_m)}, "
          f"N={_short(pack.num_n)}), "],
         f"{pack.describe()}, seqlens {_short(lens_q)}" + ("" if same_k else f" / {_short(lens_k)}")
-        + f", hdim {args.hdim}, heads {heads}, ",
+        + f", hdim {_hdim_text(args)}, heads {heads}, ",
         {"mask": pack.mask, "window": list(pack.window), "banded": pack.banded, "seqlens_q": list(lens_q),
-         "seqlens_k": list(lens_k), "head_dim": args.hdim, "heads": heads, "block_m": block_m, "block_n": block_n,
+         "seqlens_k": list(lens_k), "head_dim": args.hdim, "head_dim_v": args.hdim_v, "heads": heads,
+         "block_m": block_m, "block_n": block_n,
          "num_m": pack.num_m.tolist(), "num_n": pack.num_n.tolist(), "claim_order": order},
         True)
 
@@ -320,7 +335,8 @@ def _plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.png and (problem := _png_problem(args.png)):
         _png_error(parser, problem)
     grid = args.sms - args.sm_margin
-    block_m, block_n = bwd_tile_shape(args.hdim, args.causal)
+    args.hdim, args.hdim_v = args.hdim  # q/k's head dim drives the model (MLA's pair has hdim 192's tiles)
+    block_m, block_n = variants.bwd_tile(args.hdim, args.hdim_v)
     c, r = default_costs(args.hdim, block_m, block_n)
     default = args.c is None and args.r is None
     c = c if args.c is None else args.c

@@ -182,9 +182,23 @@ def test_info_reports_the_build_and_the_table(capsys):
     out = capsys.readouterr().out
     assert ("kernels built:" in out) != ("NO CUDA KERNELS BUILT" in out)
     for h in variants.HEAD_DIMS:
-        assert f"head dim {h.qk}:" in out
+        assert f"head dim {h.label}:" in out
+    assert "head dim (192, 128): forward 128x96 (full)" in out
     for s in variants.SCHEDULES:
         assert f"schedule {s.name} (id {s.id})" in out
+
+
+def test_plan_takes_a_v_head_dim_pair(capsys):
+    """--hdim 192v128 (MLA) plans the (192, 128) kernel's tiles and says so; a pair the table lacks is refused with the
+    accepted names."""
+    assert main(["plan", "--seqlen", "2048", "--hdim", "192v128", "--causal", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert (data["head_dim"], data["head_dim_v"], data["block_m"], data["block_n"]) == (192, 128, 64, 96)
+    assert main(["plan", "--seqlens", "512,300", "--hdim", "192v128"]) == 0
+    assert "hdim=192v128 heads=10, tiles 64x96" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        main(["plan", "--seqlen", "1024", "--hdim", "192v64"])
+    assert "argument --hdim: must be one of 64, 96, 128, 192, 256, 192v128" in capsys.readouterr().err
 
 
 def test_cad_plan_is_a_sub_command(capsys):
