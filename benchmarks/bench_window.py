@@ -9,15 +9,17 @@ Shapes (--case, default all; bf16, batch 1, q/k/v/dO from torch.randn):
   llama     hdim 128, 32 / 8 heads, causal (Llama-3-8B's attention): the GQA backward at hdim 128 without a window
   gemma     hdim 256, 16 / 8 heads (Gemma-2-9B's local layers), causal window 4096 and softcap 50
   hdim256   the gemma shape causal, without a window or softcap (Gemma's global layers without softcap, Qwen3-Next)
+  mla       DeepSeek-V3's attention: q/k head dim 192, v head dim 128, 16 heads (MHA), causal
 Implementations (--impl): dash (ours, non-deterministic), dash-det (ours, deterministic "auto"), fa4, fa4-det
 (FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable. cuDNN has no sliding
 window in torch's SDPA, so it has no rows here.
 
 Timing: bench_attn.py's method (benchmarks/common.measure_fwd_bwd: CUDA events, median of --iters calls after
 --warmup, --sets input sets rotated, a ~1 ms GPU sleep before each call; bwd = the whole torch.autograd.grad call),
-and --repeats backwards compared bit for bit. TFLOP/s: fwd = 4 * heads * hdim * (query-key pairs the window lets
-through, exact), bwd = 2.5 x fwd. Check: output rows [0, 64) and [s-64, s) of head 0 against the fp32 reference with
-dash.md's rule. Results: --json PATH (rewritten after every row) and a table on stdout.
+and --repeats backwards compared bit for bit. TFLOP/s: fwd = 2 * heads * (hdim + hdim_v) * (query-key pairs the window
+lets through, exact), bwd = 2 * heads * (3 hdim + 2 hdim_v) * pairs (2.5 x fwd when hdim_v = hdim). Check: output
+rows [0, 64) and [s-64, s) of head 0 against the fp32 reference with dash.md's rule. Results: --json PATH (rewritten
+after every row) and a table on stdout.
 FAD_BENCH_CPU=1 runs the harness on CPU tensors at --seqlen sizes you give (our rows on the CPU reference), a
 self-test: numbers meaningless.
 """
@@ -43,6 +45,7 @@ CASES = {
     "llama": dict(hdim=128, heads=32, heads_k=8, window=(-1, 0), sink=False),
     "gemma": dict(hdim=256, heads=16, heads_k=8, window=(4095, 0), sink=False, softcap=50.0),
     "hdim256": dict(hdim=256, heads=16, heads_k=8, window=(-1, 0), sink=False),
+    "mla": dict(hdim=192, hdim_v=128, heads=16, heads_k=16, window=(-1, 0), sink=False),
 }
 SEQLENS = (8192, 16384, 32768)
 IMPLS = ("dash", "dash-det", "fa4", "fa4-det")
@@ -88,13 +91,14 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
 
     spec = CASES[case]
     row = dict(impl=impl, case=case, seqlen=seqlen, batch=1, heads=spec["heads"], heads_kv=spec["heads_k"],
-               hdim=spec["hdim"], window=list(spec["window"]), sink=spec["sink"],
-               softcap=spec.get("softcap", 0.0), status="ok", reason=None, stage=None,
+               hdim=spec["hdim"], hdim_v=spec.get("hdim_v", spec["hdim"]), window=list(spec["window"]),
+               sink=spec["sink"], softcap=spec.get("softcap", 0.0), status="ok", reason=None, stage=None,
                fwd=None, bwd=None, bitwise_repeat=None, check=None)
     dev, dtype = bc.bench_device(), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(args.seed + 777)
     sink = torch.randn(spec["heads"], generator=g, device=dev) if spec["sink"] else None
     softcap = spec.get("softcap", 0.0)
+    dv = spec.get("hdim_v", spec["hdim"])
     try:
         fn = make_fn(impl, spec["window"], sink, softcap)
     except bc.ImplUnavailable as e:
@@ -103,18 +107,22 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
     sets = []
     for i in range(args.sets):
         g = torch.Generator(device=dev).manual_seed(args.seed * 1000 + i)
-        mk = lambda h: torch.randn(1, seqlen, h, spec["hdim"], generator=g, device=dev, dtype=dtype)  # noqa: E731
-        q, k, v, do = mk(spec["heads"]), mk(spec["heads_k"]), mk(spec["heads_k"]), mk(spec["heads"])
+        mk = lambda h, d: torch.randn(1, seqlen, h, d, generator=g, device=dev, dtype=dtype)  # noqa: E731
+        q, k = mk(spec["heads"], spec["hdim"]), mk(spec["heads_k"], spec["hdim"])
+        v, do = mk(spec["heads_k"], dv), mk(spec["heads"], dv)
         for t in (q, k, v):
             t.requires_grad_(True)
         sets.append((q, k, v, do))
-    flops = 4.0 * spec["heads"] * spec["hdim"] * bc.visible_pairs(seqlen, seqlen, spec["window"])
+    # Per visible pair: QKᵀ and PV forward; the backward recomputes S and forms dP, dV, dQ and dK.
+    pairs = spec["heads"] * bc.visible_pairs(seqlen, seqlen, spec["window"])
+    flops, bwd_flops = 2.0 * (spec["hdim"] + dv) * pairs, 2.0 * (3 * spec["hdim"] + 2 * dv) * pairs
     stage = bc.Stage()
     t0 = time.monotonic()
     try:
         bc.measure_fwd_bwd(row, fn, sets, args, flops, stage,
                            None if args.no_check else (lambda out, q, k, v: check_rows(out, q, k, v, spec["window"],
-                                                                                           sink, softcap)))
+                                                                                           sink, softcap)),
+                           bwd_flops=bwd_flops)
     except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
         row.update(status="oom" if bc.is_oom(e) else "error", reason=f"{type(e).__name__}: {e}"[:1000],
                    stage=stage.name)

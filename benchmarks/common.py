@@ -497,21 +497,24 @@ class Stage:
 
 
 def measure_fwd_bwd(row: dict, fn: Callable, sets: Sequence[tuple], args, fwd_flops: float, stage: Stage,
-                    check_out: Optional[Callable] = None, ctx: Callable = contextlib.nullcontext) -> None:
+                    check_out: Optional[Callable] = None, ctx: Callable = contextlib.nullcontext,
+                    bwd_flops: Optional[float] = None) -> None:
     """The timed part of one benchmark row, shared by the attention benchmarks.
 
-    A first call on ``sets[0]`` (its output must be shaped like q; ``check_out(out, q, k, v)`` returns
+    A first call on ``sets[0]`` (its output must be shaped like q with v's head dim; ``check_out(out, q, k, v)`` returns
     ``row["check"]["out_slice"]`` unless None), then ``fn`` and its ``torch.autograd.grad`` backward timed over the
     rotated input sets (q, k, v, dout) with ``args.iters``/``args.warmup``/``args.pad_us``, then ``args.repeats``
-    backwards of the first set compared bit for bit. Fills row's fwd, bwd (2.5 x the forward FLOPs), check,
+    backwards of the first set compared bit for bit. Fills row's fwd, bwd (``bwd_flops``, by default 2.5 x the
+    forward FLOPs: exact when the q/k and v head dims are equal), check,
     bitwise_repeat, n_repeats and repeat_max_abs_dev; every call runs inside ``ctx()``; ``stage.name`` follows."""
     import torch
     q0, k0, v0, _ = sets[0]
     with ctx():
         out = fn(q0, k0, v0)
     sync()
-    if tuple(out.shape) != tuple(q0.shape):
-        raise RuntimeError(f"output shape {tuple(out.shape)} != {tuple(q0.shape)}")
+    want = (*q0.shape[:-1], v0.shape[-1])
+    if tuple(out.shape) != want:
+        raise RuntimeError(f"output shape {tuple(out.shape)} != {want}")
     if check_out is not None:
         stage.name = "check_out"
         row["check"] = dict(out_slice=check_out(out, q0, k0, v0))
@@ -541,7 +544,7 @@ def measure_fwd_bwd(row: dict, fn: Callable, sets: Sequence[tuple], args, fwd_fl
         with ctx():
             torch.autograd.grad(outs[j], (q, k, v), do, retain_graph=True)
     ts = time_cuda(bwd_call, args.iters, args.warmup, args.pad_us)
-    bwd_flops = 2.5 * fwd_flops
+    bwd_flops = 2.5 * fwd_flops if bwd_flops is None else bwd_flops
     row["bwd"] = summarize_ms(ts)
     row["bwd"].update(flops=bwd_flops, tflops=tflops(bwd_flops, row["bwd"]["ms"]))
 
