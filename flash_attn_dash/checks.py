@@ -134,10 +134,6 @@ def check_kernel_head_dim(head_dim: int, head_dim_v: int | None = None) -> None:
                          f"got {label}")
 
 
-def _table_entry(label: int | tuple[int, int]) -> variants.HeadDim:
-    return variants.head_dim(*label) if isinstance(label, tuple) else variants.head_dim(label)
-
-
 def not_compiled_message(head_dim: int, compiled_head_dims: tuple, head_dim_v: int | None = None) -> str:
     """Why head dims of the variant table (``head_dim``, ``head_dim_v``) cannot run on this build: which head dims it
     has (:data:`KERNEL_HEAD_DIMS`' names), whether the entry is left out of default builds (``HeadDim.default_build``)
@@ -145,7 +141,7 @@ def not_compiled_message(head_dim: int, compiled_head_dims: tuple, head_dim_v: i
     label = head_dim_label(head_dim, head_dim_v)
     built = ", ".join(str(d) for d in compiled_head_dims) or "none"
     wanted = [h.build_name for h in variants.HEAD_DIMS if h.label in set(compiled_head_dims) | {label}]
-    why = "" if _table_entry(label).default_build else (
+    why = "" if variants.head_dim(head_dim, head_dim_v).default_build else (
         " (default builds leave it out until its kernels pass the GPU tests)")
     return (f"head_dim {label} was not compiled into this build (built: {built}){why}; build it with "
             f"FLASH_DASH_HDIMS={','.join(wanted)} pip install --no-build-isolation -e .")
