@@ -90,15 +90,15 @@ def run_row(impl: str, case: str, seqlen: int, args) -> dict:
     import torch
 
     spec = CASES[case]
+    softcap = spec.get("softcap", 0.0)
+    dv = spec.get("hdim_v", spec["hdim"])
     row = dict(impl=impl, case=case, seqlen=seqlen, batch=1, heads=spec["heads"], heads_kv=spec["heads_k"],
-               hdim=spec["hdim"], hdim_v=spec.get("hdim_v", spec["hdim"]), window=list(spec["window"]),
-               sink=spec["sink"], softcap=spec.get("softcap", 0.0), status="ok", reason=None, stage=None,
+               hdim=spec["hdim"], hdim_v=dv, window=list(spec["window"]),
+               sink=spec["sink"], softcap=softcap, status="ok", reason=None, stage=None,
                fwd=None, bwd=None, bitwise_repeat=None, check=None)
     dev, dtype = bc.bench_device(), torch.bfloat16
     g = torch.Generator(device=dev).manual_seed(args.seed + 777)
     sink = torch.randn(spec["heads"], generator=g, device=dev) if spec["sink"] else None
-    softcap = spec.get("softcap", 0.0)
-    dv = spec.get("hdim_v", spec["hdim"])
     try:
         fn = make_fn(impl, spec["window"], sink, softcap)
     except bc.ImplUnavailable as e:
