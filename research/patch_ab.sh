@@ -30,6 +30,10 @@ bench() {  # bench NAME: one bench_attn.py run into $AB
   echo "bench $1 rc $?"
 }
 finish() { tar -czf "$OUTDIR/ab.tgz" -C "$OUTDIR" ab && rm -rf "$AB"; }
+revert() {  # revert PATCH...: undo applied patches, the last one first
+  local i
+  for ((i = $# ; i >= 1; i--)); do git apply -R "${!i}"; done
+}
 bench installed
 jsons=()
 for arg in "$@"; do
@@ -38,7 +42,7 @@ for arg in "$@"; do
   applied=()
   for p in "${patches[@]}"; do git apply "$p" && applied+=("$p") || break; done
   if [ "${#applied[@]}" -lt "${#patches[@]}" ]; then
-    for ((i = ${#applied[@]} - 1; i >= 0; i--)); do git apply -R "${applied[i]}"; done
+    revert "${applied[@]}"
     echo "$name: does not apply"; continue
   fi
   SECONDS=0
@@ -50,7 +54,7 @@ for arg in "$@"; do
   else
     echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
   fi
-  for ((i = ${#patches[@]} - 1; i >= 0; i--)); do git apply -R "${patches[i]}"; done
+  revert "${patches[@]}"
 done
 [ "${#jsons[@]}" -gt 0 ] && python3 research/compare_runs.py "$AB/bench-installed.json" "${jsons[@]}" | tee "$AB/compare.txt"
 finish
