@@ -74,14 +74,14 @@ def tolerance_rule(q, k, v, dout, out, grads, causal, window_size=(-1, -1), lear
     ref = ref_grads(q, k, v, dout, causal, upcast=True, **feats)
     pt = ref_grads(q, k, v, dout, causal, upcast=False, **feats)
     shift = stored_output_shift(q, k, v, dout, out, causal, **feats)
-    floor = 1e-5 * math.sqrt(max(1.0, q.shape[-1] / 64) * (q.shape[2] // k.shape[2]))
+    floor = 1e-5 * math.sqrt(max(1.0, v.shape[-1] / 64) * (q.shape[2] // k.shape[2]))
     rows = []
     for name, x, r, p, dr in zip(("dq", "dk", "dv"), grads, ref, pt, shift):
         assert x.shape == r.shape and x.dtype == q.dtype, name
         assert not torch.isnan(x).any(), f"{name}: NaN or unwritten (poison) elements"
         # + floor: where the reference gradient is exactly 0 (e.g. one key per row: dS = P(dP - dPsum) = 0) the
-        # kernel's dP (an MMA) and dPsum (a row sum) are fp32 dot products of head_dim terms rounded in different
-        # orders; their difference grows like sqrt(head_dim), and GQA adds `group` such dK/dV tiles. 1e-5 at
+        # kernel's dP (an MMA) and dPsum (a row sum) are fp32 dot products over v's head dim rounded in different
+        # orders; their difference grows like its square root, and GQA adds `group` such dK/dV tiles. 1e-5 at
         # head dim 64 without GQA, far below any real error.
         atol = 2 * (r + 0.3 - 0.3 - r).abs().max().item() + floor
         err = (x.float() - (r + dr)).abs().max().item()
