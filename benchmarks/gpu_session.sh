@@ -6,7 +6,10 @@
 #   (default: build tests sanitize bench)
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
-# TESTS (default: every tests/*_gpu.py and the timeline test), SANITIZE_PASSES (bwd fwd),
+# TESTS (default: every tests/*_gpu.py and the timeline test), TEST_FILTER (a pytest -k expression for each of them,
+# e.g. 192v128), DEADLINE_S (seconds from the start by which every step must end: each step's limit is cut to what is
+# left and a step with under 20 s left is skipped, so a call under the device's 600 s limit still packs its logs;
+# default 10000), SANITIZE_PASSES (bwd fwd),
 # SANITIZE_TOOLS (racecheck synccheck), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
 # ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks), NCU_ARGS / NCU_TAG (the ncu step: research/ncu_attn.py's
 # arguments and the name of its text reports). FlashAttention-4 rows need FA4 importable: source
@@ -24,6 +27,15 @@ touch "$LOG/.start"
 export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 has() { [[ " $STEPS " == *" $1 "* ]]; }
 summary=()
+DEADLINE_S=${DEADLINE_S:-10000}
+# step NAME SECONDS CMD...: CMD under `timeout`, its limit cut to what is left before DEADLINE_S; with under 20 s
+# left it does not run (a summary line says so) and returns 125.
+step() {
+  local name=$1 lim=$2 left=$((DEADLINE_S - SECONDS))
+  shift 2
+  if ((left < 20)); then summary+=("$name: skipped (DEADLINE_S)"); return 125; fi
+  timeout $((lim < left ? lim : left)) "$@"
+}
 # Re-packed after every step so a call cut short by its time limit still brings back what ran.
 pack() {
   tar -cf "$OUTDIR/logs.tar" -C "$OUTDIR" logs
@@ -40,53 +52,58 @@ if has build; then
 fi
 if has tests; then
   for t in ${TESTS:-$(cd tests && ls *_gpu.py | sed 's/\.py$//') test_research_bwd_timeline}; do
-    timeout 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 "tests/$t.py" > "$LOG/$t.log" 2>&1
-    summary+=("$t: $(tail -1 "$LOG/$t.log")")
+    step "$t" 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 ${TEST_FILTER:+-k "$TEST_FILTER"} \
+      "tests/$t.py" > "$LOG/$t.log" 2>&1
+    (($? != 125)) && summary+=("$t: $(tail -1 "$LOG/$t.log")")
     pack
   done
 fi
 if has sanitize; then
   for pass in ${SANITIZE_PASSES:-bwd fwd}; do
     for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
-      timeout "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" \
-        > "$LOG/sanitize-$pass-$tool.log" 2>&1
-      summary+=("sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$pass-$tool.log" | tail -1)")
+      step "sanitize $pass $tool" "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 \
+        "tests/sanitize_$pass.py" > "$LOG/sanitize-$pass-$tool.log" 2>&1
+      rc=$?
+      ((rc != 125)) && summary+=("sanitize $pass $tool (rc $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$pass-$tool.log" | tail -1)")
       pack
     done
   done
 fi
-bench() {  # bench TAG SECONDS run_bench.sh-args...: results land in benchmarks/results
-  local tag=$1 limit=$2; shift 2
-  timeout "$limit" env PYTHON=python3 benchmarks/run_bench.sh "$@" benchmarks/results > "$LOG/$tag.log" 2>&1
-  summary+=("$tag rc $?")
+# run TAG SECONDS CMD...: a step whose output goes to $LOG/TAG.log and whose exit status to the summary.
+run() {
+  local tag=$1 lim=$2 rc
+  shift 2
+  step "$tag" "$lim" "$@" > "$LOG/$tag.log" 2>&1
+  rc=$?
+  ((rc != 125)) && summary+=("$tag rc $rc")
   pack
 }
-has bench && bench bench-quick 300 --quick
-has bench-attn && bench bench-attn 420 --attn-only     # the whole DASH grid (512..16k)
-has bench-block && bench bench-block 400 --block-only  # 3 models x 4k..32k
-if has bench-varlen; then  # --quick subset of the packs, ours + FA4 + cuDNN
-  timeout 420 python3 benchmarks/bench_varlen.py --quick ${VARLEN_ARGS:-} \
-    --json "benchmarks/results/$(date -u +%F-%H%M)-varlen.json" > "$LOG/bench-varlen.log" 2>&1
-  summary+=("bench-varlen rc $?")
-  pack
-fi
-if has bench-window; then  # gpt-oss / Mistral windows and the causal baseline, ours + FA4 (WINDOW_ARGS)
-  timeout 420 python3 benchmarks/bench_window.py ${WINDOW_ARGS:-} \
-    --json "benchmarks/results/$(date -u +%F-%H%M)-window.json" > "$LOG/bench-window.log" 2>&1
-  summary+=("bench-window rc $?")
-  pack
-fi
+stamp=$(date -u +%F-%H%M)
+has bench && run bench-quick 300 env PYTHON=python3 benchmarks/run_bench.sh --quick benchmarks/results
+# the whole DASH grid (512..16k); 3 models x 4k..32k
+has bench-attn && run bench-attn 420 env PYTHON=python3 benchmarks/run_bench.sh --attn-only benchmarks/results
+has bench-block && run bench-block 400 env PYTHON=python3 benchmarks/run_bench.sh --block-only benchmarks/results
+# --quick subset of the packs, ours + FA4 + cuDNN (VARLEN_ARGS)
+# shellcheck disable=SC2086
+has bench-varlen && run bench-varlen 420 python3 benchmarks/bench_varlen.py --quick ${VARLEN_ARGS:-} \
+  --json "benchmarks/results/$stamp-varlen.json"
+# gpt-oss / Mistral windows and the causal baseline, ours + FA4 (WINDOW_ARGS)
+# shellcheck disable=SC2086
+has bench-window && run bench-window 420 python3 benchmarks/bench_window.py ${WINDOW_ARGS:-} \
+  --json "benchmarks/results/$stamp-window.json"
 if has ncu; then  # Nsight Compute side by side (research/ncu_attn.py NCU_ARGS): stall and instruction text, gzipped
   rep="$OUTDIR/ncu-${NCU_TAG:-probe}"
-  timeout "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none --section SpeedOfLight \
-    --section WarpStateStats --section SourceCounters --section InstructionStats --section SchedulerStats \
-    --section LaunchStats --section Occupancy -f -o "$rep" python3 research/ncu_attn.py ${NCU_ARGS:-} \
-    > "$LOG/ncu-${NCU_TAG:-probe}.log" 2>&1
-  summary+=("ncu ${NCU_TAG:-probe} rc $?")
-  ncu -i "$rep.ncu-rep" --page details --print-details all 2>&1 | gzip > "$rep-details.txt.gz"
-  ncu -i "$rep.ncu-rep" --page raw --csv 2>&1 | gzip > "$rep-raw.csv.gz"
-  ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$rep-sass.csv.gz"
-  rm -f "$rep.ncu-rep"
+  # shellcheck disable=SC2086
+  run "ncu-${NCU_TAG:-probe}" "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none \
+    --section SpeedOfLight --section WarpStateStats --section SourceCounters --section InstructionStats \
+    --section SchedulerStats --section LaunchStats --section Occupancy -f -o "$rep" \
+    python3 research/ncu_attn.py ${NCU_ARGS:-}
+  if [ -f "$rep.ncu-rep" ]; then
+    ncu -i "$rep.ncu-rep" --page details --print-details all 2>&1 | gzip > "$rep-details.txt.gz"
+    ncu -i "$rep.ncu-rep" --page raw --csv 2>&1 | gzip > "$rep-raw.csv.gz"
+    ncu -i "$rep.ncu-rep" --page source --csv --print-source sass 2>&1 | gzip > "$rep-sass.csv.gz"
+    rm -f "$rep.ncu-rep"
+  fi
   pack
 fi
 pack && rm -rf "$LOG"
