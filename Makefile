@@ -18,6 +18,7 @@ $(BUILD)/%.o: hopper/generated/%.cu $(KERNEL_HDRS) build_config.py
 	@mkdir -p $(BUILD)
 	@echo "nvcc $<"
 	@$(NVCC) $(NVCC_FLAGS) -I hopper -I $(CUTLASS_INC) -c $< -o $@ 2> $(BUILD)/$*.log || { cat $(BUILD)/$*.log; exit 1; }
+	@$(PYTHON) build_config.py digest $< > $(BUILD)/$*.digest
 
 test:
 	$(PYTHON) -m pytest -q tests

@@ -9,10 +9,13 @@ The kernels are the variants of flash_attn_dash/variants.py; the knobs (environm
   MAX_JOBS           parallel nvcc jobs (read by torch's ninja builder)
 
 `python build_config.py sources` prints the selected translation units (the Makefile's list);
+`python build_config.py digest TU.cu` prints the digest an object of that unit is stamped with (`make kernels` writes it
+beside the object; setup.py links a prebuilt object only when its stamp is the tree's);
 `python build_config.py report LOG...` summarises ptxas resource usage per kernel.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
@@ -84,6 +87,26 @@ def nvcc_flags() -> list[str]:
     ]
 
 
+def source_digest(source: str) -> str:
+    """sha256 of what an object of translation unit ``source`` is compiled from: the nvcc flags, the unit and every
+    header under hopper/ (all of them, not the unit's includes: a stale object costs a wrong answer, a needless
+    recompile only time)."""
+    h = hashlib.sha256(" ".join([*nvcc_flags(), _cutlass_version()]).encode())
+    headers = sorted(p for p in (ROOT / "hopper").rglob("*") if p.suffix in (".h", ".hpp", ".cuh"))
+    for path in [ROOT / source, *headers]:
+        h.update(str(path.relative_to(ROOT)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
+def _cutlass_version() -> str:
+    import importlib.metadata
+
+    try:
+        return "nvidia-cutlass " + importlib.metadata.version("nvidia-cutlass")
+    except importlib.metadata.PackageNotFoundError:
+        return "nvidia-cutlass missing"
+
+
 def cutlass_include() -> str | None:
     import importlib.util
 
@@ -145,5 +168,7 @@ if __name__ == "__main__":
         report(sys.argv[2:])
     elif len(sys.argv) >= 2 and sys.argv[1] == "sources":
         print(" ".join(kernel_sources()))
+    elif len(sys.argv) == 3 and sys.argv[1] == "digest":
+        print(source_digest(sys.argv[2]))
     else:
         print(__doc__)

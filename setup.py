@@ -4,7 +4,8 @@ The CUDA extension is built when torch (a CUDA build) is importable in the build
 found and FLASH_DASH_SKIP_CUDA_BUILD is unset; build against the installed torch with
 `pip install --no-build-isolation -e .`. Elsewhere only the Python parts install, and the build says so.
 Knobs: FLASH_DASH_HDIMS, FLASH_DASH_DTYPES, FLASH_DASH_SKIP_CUDA_BUILD, MAX_JOBS, and
-FLASH_DASH_PREBUILT_DIR (a folder of `make kernels` objects to link instead of compiling the .cu files).
+FLASH_DASH_PREBUILT_DIR (a folder of `make kernels` objects to link instead of compiling the .cu files; an object whose
+digest stamp is not this tree's is compiled instead).
 """
 from __future__ import annotations
 
@@ -58,6 +59,19 @@ def _why_no_cuda_build() -> str | None:
     return None
 
 
+def _prebuilt_current(folder: Path, source: str) -> bool:
+    """Whether FLASH_DASH_PREBUILT_DIR holds an object of ``source`` compiled from this tree (its `make kernels`
+    stamp matches build_config.source_digest); a missing or stale one is compiled instead, and said so."""
+    stem = Path(source).stem
+    obj, stamp = folder / f"{stem}.o", folder / f"{stem}.digest"
+    if not obj.is_file():
+        return False
+    if stamp.is_file() and stamp.read_text().strip() == build_config.source_digest(source):
+        return True
+    _say(f"prebuilt {obj} {'is stale' if stamp.is_file() else 'has no digest stamp'}: compiling {source}")
+    return False
+
+
 def _cuda_extension():
     from torch.utils.cpp_extension import BuildExtension, CUDAExtension
 
@@ -66,9 +80,8 @@ def _cuda_extension():
     extra_objects = []
     prebuilt = os.environ.get("FLASH_DASH_PREBUILT_DIR")
     for src in build_config.kernel_sources():
-        obj = Path(prebuilt or "", Path(src).stem + ".o")
-        if prebuilt and obj.is_file():
-            extra_objects.append(str(obj.resolve()))
+        if prebuilt and _prebuilt_current(Path(prebuilt), src):
+            extra_objects.append(str((Path(prebuilt) / (Path(src).stem + ".o")).resolve()))
         else:
             sources.append(src)
     defines = build_config.compile_defines()

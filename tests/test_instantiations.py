@@ -176,3 +176,25 @@ def test_softcap_kernels_are_the_tables(tmp_path_factory, monkeypatch):
     assert "constexpr bool kSoftcapWithWindow = false;" in after[generate.GENERATED / "features.h"]
     assert "with a sliding window (no softcap kernel" in features.kernel_refusal(30.0, (64, 0))
     assert "with a learnable_sink" in features.kernel_refusal(30.0, has_sink=True)
+
+
+def test_source_digest_follows_the_unit_the_headers_and_the_flags(monkeypatch, tmp_path):
+    """The stamp setup.py checks before linking a prebuilt object: it must change with anything the object is
+    compiled from, or a stale object would be linked."""
+    (tmp_path / "hopper" / "generated").mkdir(parents=True)
+    (tmp_path / "hopper" / "bwd").mkdir()
+    unit, other = (tmp_path / "hopper" / "generated" / f"{n}.cu" for n in ("a", "b"))
+    header = tmp_path / "hopper" / "bwd" / "mainloop.hpp"
+    unit.write_text('#include "bwd/mainloop.hpp"\n')
+    other.write_text('#include "fwd/mainloop.hpp"\n')
+    header.write_text("// v1\n")
+    monkeypatch.setattr(build_config, "ROOT", tmp_path)
+    first = build_config.source_digest("hopper/generated/a.cu")
+    assert build_config.source_digest("hopper/generated/a.cu") == first
+    assert build_config.source_digest("hopper/generated/b.cu") != first
+    header.write_text("// v2\n")
+    edited = build_config.source_digest("hopper/generated/a.cu")
+    assert edited != first
+    flags = build_config.nvcc_flags()
+    monkeypatch.setattr(build_config, "nvcc_flags", lambda: [*flags, "-G"])
+    assert build_config.source_digest("hopper/generated/a.cu") != edited
