@@ -9,6 +9,9 @@
 # then each PATCH alone on the clean tree (git apply, rebuilt in place with the build knobs $AB_BUILD, by default bf16
 # and hdim 64/128 only: the kernels a bench of those rows runs are the same whatever else is built, and fewer
 # translation units compile), and prints research/compare_runs.py's ratios of every variant to the installed build.
+# AB_PREBUILT=DIR: a variant whose folder DIR/<name> exists (<name>: the patch's file name without .patch, a stack's
+# names joined by +) links the `make kernels` objects there that were compiled from the patched tree (setup.py checks
+# each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling.
 # Use it on a machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in
 # BENCH_ARGS (e.g. fa4): their ratio between runs is the noise of the call. The tree is restored, the last variant's
 # build stays installed. Everything lands in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
@@ -47,7 +50,9 @@ for arg in "$@"; do
   fi
   SECONDS=0
   # shellcheck disable=SC2086
-  if env $AB_BUILD python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
+  prebuilt=()
+  [ -n "${AB_PREBUILT:-}" ] && [ -d "$AB_PREBUILT/$name" ] && prebuilt=("FLASH_DASH_PREBUILT_DIR=$AB_PREBUILT/$name")
+  if env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
     echo "$name: built in ${SECONDS}s"
     bench "$name"
     jsons+=("$AB/bench-$name.json")

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# On the CPU machine: compile kernel objects for a later device call, so that the call links instead of compiling.
+#
+#   research/prebuild.sh OUTDIR [PATCH ...]
+#
+# With no PATCH: `make kernels` of HEAD into OUTDIR/main. Each PATCH (a stack A.patch+B.patch as in patch_ab.sh) is
+# applied to a temporary worktree of HEAD and compiled into OUTDIR/<name>, the folder patch_ab.sh's AB_PREBUILT finds.
+# The knobs (FLASH_DASH_HDIMS, FLASH_DASH_DTYPES, FLASH_DASH_PASSES) select the units as for the build they stand in
+# for: use the same ones as the call's AB_BUILD. Objects are stamped with their source digest (setup.py links only
+# current ones). Each folder is also packed as OUTDIR/<name>.tar.xz (what travels: a call carries at most 64 MiB).
+# JOBS parallel nvcc jobs (default 1).
+set -euo pipefail
+OUTDIR=$(realpath -m "${1:?usage: prebuild.sh OUTDIR [PATCH ...]}")
+shift
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+mkdir -p "$OUTDIR"
+build() {  # build NAME TREE
+  rm -rf "${OUTDIR:?}/$1"
+  make -C "$2" -j"${JOBS:-1}" kernels BUILD="$OUTDIR/$1" > "$OUTDIR/$1.make.log" 2>&1 \
+    || { tail -30 "$OUTDIR/$1.make.log"; return 1; }
+  tar -cJf "$OUTDIR/$1.tar.xz" -C "$OUTDIR" "$1"
+  echo "$1: $(find "$OUTDIR/$1" -name '*.o' | wc -l) objects, $(du -h "$OUTDIR/$1.tar.xz" | cut -f1) packed"
+}
+if [ $# -eq 0 ]; then
+  build main "$ROOT"
+  exit
+fi
+for arg in "$@"; do
+  IFS=+ read -r -a patches <<< "$arg"
+  name=$(for p in "${patches[@]}"; do basename "$p" .patch; done | paste -sd+)
+  tree=$(mktemp -d)/tree
+  git -C "$ROOT" worktree add -q --detach "$tree" HEAD
+  for p in "${patches[@]}"; do git -C "$tree" apply "$(realpath "$p")"; done
+  build "$name" "$tree" || echo "$name: build failed (log: $OUTDIR/$name.make.log)"
+  git -C "$ROOT" worktree remove --force "$tree"
+done
