@@ -1,4 +1,4 @@
-"""The head dims the GPU tests cover."""
+"""The head dims and dtypes the GPU tests cover."""
 from __future__ import annotations
 
 import os
@@ -42,13 +42,35 @@ def head_dim_v(d: int) -> int:
     return getattr(d, "v", d)
 
 
+DTYPES = (torch.bfloat16, torch.float16)
+
+
+def built_only() -> bool:
+    """``FLASH_DASH_TEST_BUILT_ONLY=1``: the tests cover only what this build compiled, for a subset build on the
+    device (a variant linked as bf16 hdim 64/128, say; some tests run bf16 hdim 64 or 128 whatever the list, so keep
+    those in). Without it a build that lacks a default-build head dim or a dtype fails those tests instead of leaving
+    them out."""
+    return os.environ.get("FLASH_DASH_TEST_BUILT_ONLY") == "1"
+
+
+def gpu_dtypes() -> list[torch.dtype]:
+    """bf16 and fp16 (with :func:`built_only`, those this build compiled)."""
+    return [d for d in DTYPES if not built_only() or _ext.compiled_head_dims(d)]
+
+
+def dtype_id(dtype: torch.dtype) -> str:
+    """A dtype's test id: ``bf16`` or ``fp16``."""
+    return {torch.bfloat16: "bf16", torch.float16: "fp16"}[dtype]
+
+
 def gpu_head_dims(v_pairs: bool = False) -> list[HeadDims]:
-    """Every default-build entry of the variant table (a build that lacks one fails its tests) and any other entry
-    this build compiled (``FLASH_DASH_HDIMS``); entries with a V head dim of their own (MLA's (192, 128)) only for
-    ``v_pairs``: the tests that give v (and out, dout, dv) :func:`head_dim_v` columns."""
-    compiled = set(_ext.compiled_head_dims(torch.bfloat16)) | set(_ext.compiled_head_dims(torch.float16))
+    """Every default-build entry of the variant table (a build that lacks one fails its tests, unless
+    :func:`built_only`) and any other entry this build compiled (``FLASH_DASH_HDIMS``); entries with a V head dim of
+    their own (MLA's (192, 128)) only for ``v_pairs``: the tests that give v (and out, dout, dv) :func:`head_dim_v`
+    columns."""
+    compiled = {label for d in DTYPES for label in _ext.compiled_head_dims(d)}
     return [HeadDims(h.qk, h.v) for h in variants.HEAD_DIMS
-            if (h.default_build or h.label in compiled) and (v_pairs or h.v == h.qk)]
+            if (h.label in compiled or (h.default_build and not built_only())) and (v_pairs or h.v == h.qk)]
 
 
 def sanitize_head_dims() -> list[HeadDims]:

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule, ref_grads
-from kernel_head_dims import gpu_head_dims, head_dim_v
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims, head_dim_v
 
 from flash_attn_dash import variants
 
@@ -36,7 +36,7 @@ pytestmark = [
     pytest.mark.skipif(not _sm90_kernels(), reason="needs an sm90 GPU and the compiled kernels"),
 ]
 
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 HDIMS = gpu_head_dims(v_pairs=True)
 SHAPES = [(1, 1), (113, 203), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224)]
@@ -99,7 +99,7 @@ def _wait(stream=None, timeout=WATCHDOG_S):
         time.sleep(1e-3)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("deterministic", [False, True])
 @pytest.mark.parametrize("schedule,causal", SCHEDULE_MASKS, ids=SCHEDULE_MASK_IDS)

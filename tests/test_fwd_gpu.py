@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-from kernel_head_dims import gpu_head_dims, head_dim_v
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims, head_dim_v
 
 
 pytestmark = pytest.mark.gpu  # tests/conftest.py skips it without an sm90 GPU and the kernels
 
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 HDIMS = gpu_head_dims(v_pairs=True)
 SMALL_SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024)]
 BIG_SHAPES = [(4224, 4224), (8192, 8192)]
@@ -73,7 +73,7 @@ def _inputs(b, sq, sk, h, hk, d, dtype):
     return q, k, v
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("b,h,hk", HEAD_CONFIGS)
@@ -85,7 +85,7 @@ def test_fwd_small(sq, sk, b, h, hk, causal, d, dtype):
     _check(q, k, v, out, lse, scale, causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", BIG_SHAPES)
@@ -96,7 +96,7 @@ def test_fwd_big(sq, sk, causal, d, dtype):
     _check(q, k, v, out, lse, scale, causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_fwd_softmax_scale_and_sm_margin(causal, d, dtype):
@@ -105,7 +105,7 @@ def test_fwd_softmax_scale_and_sm_margin(causal, d, dtype):
     _check(q, k, v, out, lse, 0.37, causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq,sk", [(1024, 1024), (799, 3), (203, 113), (1, 1)])
@@ -119,7 +119,7 @@ def test_fwd_many_tiles_per_cta(sq, sk, causal, d, dtype):
     _check(q, k, v, out, lse, scale, causal)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("sq", [1, 257, 1000])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims
 from test_bwd_gpu import _blocks, _inputs, _trace_buffer, _wait
 from test_window_gpu import _bwd_window, assert_backward_bits_repeat
 
@@ -22,7 +22,7 @@ from flash_attn_dash.launch import bwd_launch, model_mask
 pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 # (batch, heads, heads_k): groups 3, 6, 4, 8 (MQA included)
 HEAD_CONFIGS = [(3, 6, 2), (1, 6, 1), (2, 8, 2), (1, 8, 1)]
 SHAPES = [(1024, 1024), (1000, 1500), (1500, 1000)]
@@ -37,7 +37,7 @@ BAND_ORDERS = [("ascending", True), ("descending", True), ("symmetric_shift", Tr
 _bwd = _bwd_window  # the CUDA backward into NaN-poisoned gradients, with the launch flash_attn_dash.launch decides
 
 
-@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("schedule,deterministic", BAND_ORDERS)
 @pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)

@@ -206,3 +206,20 @@ def test_gpu_tests_name_the_pair_apart_and_keep_the_equal_ids():
     assert mla != 192 and 192 != mla and mla != same and len({same, mla, 192}) == 2
     assert str(mla) == "192v128" and head_dim_v(mla) == 128 and head_dim_v(64) == 64 and int(mla) ** -0.5 == 192 ** -0.5
     assert all(head_dim_v(d) == d for d in gpu_head_dims())
+
+
+def test_gpu_tests_cover_the_default_build_unless_built_only(monkeypatch):
+    """A build lacking a default-build head dim or a dtype fails those GPU tests, so they are collected whatever was
+    built; FLASH_DASH_TEST_BUILT_ONLY=1 (a subset build linked on the device) collects only what was compiled."""
+    import kernel_head_dims as khd
+
+    built = {torch.bfloat16: ((192, 128), 128), torch.float16: ()}
+    monkeypatch.setattr(khd._ext, "compiled_head_dims", lambda dtype: built[dtype])
+    monkeypatch.delenv("FLASH_DASH_TEST_BUILT_ONLY", raising=False)
+    defaults = [str(h.build_name) for h in variants.HEAD_DIMS if h.default_build]
+    assert [str(d) for d in khd.gpu_head_dims(v_pairs=True)] == defaults + ["192v128"]
+    assert khd.gpu_dtypes() == [torch.bfloat16, torch.float16]
+    monkeypatch.setenv("FLASH_DASH_TEST_BUILT_ONLY", "1")
+    assert [str(d) for d in khd.gpu_head_dims(v_pairs=True)] == ["128", "192v128"]
+    assert [str(d) for d in khd.gpu_head_dims()] == ["128"]
+    assert khd.gpu_dtypes() == [torch.bfloat16] and khd.dtype_id(torch.float16) == "fp16"

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims
 
 from flash_attn_dash import flash_attn_func
 from flash_attn_dash.reference import attention_ref
@@ -19,7 +19,7 @@ pytestmark = pytest.mark.gpu
 
 
 HDIMS = gpu_head_dims()
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024)]
 MASKS = [(False, (-1, -1)), (True, (-1, -1)), (True, (127, 0)), (False, (64, 64))]
 MASK_IDS = ["full", "causal", "causal-window127", "window64_64"]
@@ -34,7 +34,7 @@ def _problem(b, sq, sk, h, hk, d, dtype, seed=0):
     return q, k, v, dout, sink
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal,window", MASKS, ids=MASK_IDS)
 @pytest.mark.parametrize("deterministic", [False, True])

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims
 from test_bwd_gpu import _trace_buffer, _wait
 from test_fwd_gpu import _check as _check_fwd
 
@@ -21,7 +21,7 @@ from flash_attn_dash.reference import attention_ref
 pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 SOFTCAPS = [5.0, 30.0, 50.0]
 SHAPES = [(1, 1), (113, 203), (203, 113), (128, 128), (799, 3), (1024, 1024), (1000, 1500)]
 MASKS = [False, True]
@@ -69,7 +69,7 @@ def _stored(q, k, v, causal, softcap):
     return out32.to(q.dtype).contiguous(), lse.float().contiguous()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("causal", MASKS, ids=MASK_IDS)
@@ -82,7 +82,7 @@ def test_softcap_fwd_matches_reference(sq, sk, b, h, hk, causal, softcap, d, dty
     _check_fwd(q, k, v, out, lse, d ** -0.5, causal, softcap=softcap)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("softcap", SOFTCAPS)
 @pytest.mark.parametrize("causal,schedule,deterministic", RUNS, ids=RUN_IDS)
@@ -95,7 +95,7 @@ def test_softcap_bwd_matches_reference(sq, sk, causal, schedule, deterministic, 
     assert_tolerance_rule(q, k, v, dout, out, grads, causal, softcap=softcap)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal", MASKS, ids=MASK_IDS)
 def test_saturated_scores(causal, d, dtype):
@@ -161,7 +161,7 @@ def test_deterministic_softcap_bits_repeat(causal, d):
     _wait()
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("deterministic", [True, False])
 @pytest.mark.parametrize("causal", MASKS, ids=MASK_IDS)

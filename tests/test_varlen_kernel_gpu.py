@@ -11,7 +11,7 @@ import random
 
 import pytest
 import torch
-from kernel_head_dims import gpu_head_dims, head_dim_v
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims, head_dim_v
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
@@ -86,7 +86,7 @@ def _assert_same_bits(want, got, pack: Pack, what: str):
 @pytest.mark.parametrize("same_lengths", [True, False], ids=["sq=sk", "sq!=sk"])
 @pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+@pytest.mark.parametrize("dtype", gpu_dtypes(), ids=dtype_id)
 @pytest.mark.parametrize("head_dim", HDIMS)
 def test_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, dtype, causal, heads, heads_k,
                                                    same_lengths, used):

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from grad_rule import assert_tolerance_rule
-from kernel_head_dims import gpu_head_dims
+from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims
 from test_bwd_gpu import _blocks, _bwd, _inputs, _trace_buffer, _wait
 from test_fwd_gpu import _check as _check_fwd
 
@@ -20,7 +20,7 @@ from flash_attn_dash.launch import model_mask
 pytestmark = pytest.mark.gpu
 
 HDIMS = gpu_head_dims()
-DTYPES = [torch.bfloat16, torch.float16]
+DTYPES = gpu_dtypes()
 # (causal, window_size): causal bands, two-sided bands, the diagonal alone, one-sided (left or right only)
 WINDOWS = [(True, (128, 0)), (False, (64, 64)), (False, (0, 0)), (True, (300, -1)), (False, (-1, 100)),
            (False, (1, 200)), (True, (1000, 0))]
@@ -53,7 +53,7 @@ def _bwd_window(dout, q, k, v, out, lse, causal, window, deterministic, schedule
     return grads, launch
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
 @pytest.mark.parametrize("b,h,hk", [(1, 1, 1), (2, 6, 2)])
@@ -67,7 +67,7 @@ def test_window_fwd_matches_reference(sq, sk, b, h, hk, causal, window, d, dtype
     _check_fwd(q, k, v, out, lse, d ** -0.5, causal, window_size=window)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=dtype_id)
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("schedule,deterministic", [(s, True) for s in SCHEDULES] + [("auto", False)])
 @pytest.mark.parametrize("causal,window", WINDOWS, ids=WINDOW_IDS)
