@@ -12,6 +12,9 @@
 # AB_PREBUILT=DIR: a variant whose folder DIR/<name> exists (<name>: the patch's file name without .patch, a stack's
 # names joined by +) links the `make kernels` objects there that were compiled from the patched tree (setup.py checks
 # each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling.
+# AB_TESTS="test_bwd_gpu ..." (tests/ files) and AB_SANITIZE="bwd fwd" (tests/sanitize_*.py under racecheck and
+# synccheck) check each variant after its build and before its bench, on what it compiled
+# (FLASH_DASH_TEST_BUILT_ONLY=1, AB_TEST_FILTER as pytest -k); the tests' last lines are printed.
 # Use it on a machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in
 # BENCH_ARGS (e.g. fa4): their ratio between runs is the noise of the call. The tree is restored, the last variant's
 # build stays installed. Everything lands in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
@@ -32,6 +35,22 @@ bench() {  # bench NAME: one bench_attn.py run into $AB
     > "$AB/bench-$1.txt" 2>&1
   echo "bench $1 rc $?"
 }
+check() {  # check NAME: AB_TESTS and AB_SANITIZE on the variant just built
+  local t pass tool
+  for t in ${AB_TESTS:-}; do
+    FLASH_DASH_TEST_BUILT_ONLY=1 timeout "${AB_TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider \
+      --maxfail=10 ${AB_TEST_FILTER:+-k "$AB_TEST_FILTER"} "tests/$t.py" > "$AB/$t-$1.log" 2>&1
+    echo "$1: $t $(tail -1 "$AB/$t-$1.log")"
+  done
+  for pass in ${AB_SANITIZE:-}; do
+    for tool in racecheck synccheck; do
+      FLASH_DASH_TEST_BUILT_ONLY=1 timeout 150 compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" \
+        > "$AB/sanitize-$pass-$tool-$1.log" 2>&1
+      echo "$1: sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
+        "$AB/sanitize-$pass-$tool-$1.log" | tail -1)"
+    done
+  done
+}
 finish() { tar -czf "$OUTDIR/ab.tgz" -C "$OUTDIR" ab && rm -rf "$AB"; }
 revert() {  # revert PATCH...: undo applied patches, the last one first
   local i
@@ -49,11 +68,12 @@ for arg in "$@"; do
     echo "$name: does not apply"; continue
   fi
   SECONDS=0
-  # shellcheck disable=SC2086
   prebuilt=()
   [ -n "${AB_PREBUILT:-}" ] && [ -d "$AB_PREBUILT/$name" ] && prebuilt=("FLASH_DASH_PREBUILT_DIR=$AB_PREBUILT/$name")
+  # shellcheck disable=SC2086
   if env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
     echo "$name: built in ${SECONDS}s"
+    check "$name"
     bench "$name"
     jsons+=("$AB/bench-$name.json")
   else
