@@ -14,7 +14,8 @@
 # each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling.
 # AB_TESTS="test_bwd_gpu ..." (tests/ files) and AB_SANITIZE="bwd fwd" (tests/sanitize_*.py under racecheck and
 # synccheck) check each variant after its build and before its bench, on what it compiled
-# (FLASH_DASH_TEST_BUILT_ONLY=1, AB_TEST_FILTER as pytest -k); the tests' last lines are printed.
+# (FLASH_DASH_TEST_BUILT_ONLY=1, AB_TEST_FILTER as pytest -k); the tests' last lines are printed. AB_NO_BENCH=1: only
+# build and check (a call before FA4 has arrived).
 # Use it on a machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in
 # BENCH_ARGS (e.g. fa4): their ratio between runs is the noise of the call. The tree is restored, the last variant's
 # build stays installed. Everything lands in one gzipped tar, OUTDIR/ab.tgz (the device returns few files).
@@ -29,7 +30,8 @@ export PYTHONUNBUFFERED=1 MAX_JOBS=${MAX_JOBS:-16}
 BENCH_SCRIPT=${BENCH_SCRIPT:-benchmarks/bench_attn.py}
 BENCH_ARGS=${BENCH_ARGS:---impl dash,dash-det,fa4 --hdim 64,128 --seqlen 2k,8k,16k}
 AB_BUILD=${AB_BUILD:-FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128}
-bench() {  # bench NAME: one bench_attn.py run into $AB
+bench() {  # bench NAME: one bench_attn.py run into $AB (none with AB_NO_BENCH)
+  [ -n "${AB_NO_BENCH:-}" ] && return 1
   # shellcheck disable=SC2086
   timeout "${BENCH_TIMEOUT:-200}" python3 "$BENCH_SCRIPT" $BENCH_ARGS --json "$AB/bench-$1.json" \
     > "$AB/bench-$1.txt" 2>&1
@@ -74,8 +76,7 @@ for arg in "$@"; do
   if env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
     echo "$name: built in ${SECONDS}s"
     check "$name"
-    bench "$name"
-    jsons+=("$AB/bench-$name.json")
+    bench "$name" && jsons+=("$AB/bench-$name.json")
   else
     echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
   fi
