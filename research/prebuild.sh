@@ -30,7 +30,12 @@ for arg in "$@"; do
   name=$(for p in "${patches[@]}"; do basename "$p" .patch; done | paste -sd+)
   tree=$(mktemp -d)/tree
   git -C "$ROOT" worktree add -q --detach "$tree" HEAD
-  for p in "${patches[@]}"; do git -C "$tree" apply "$(realpath "$p")"; done
-  build "$name" "$tree" || echo "$name: build failed (log: $OUTDIR/$name.make.log)"
+  applied=1
+  for p in "${patches[@]}"; do git -C "$tree" apply "$(realpath "$p")" || { applied=0; break; }; done
+  if ((applied)); then
+    build "$name" "$tree" || echo "$name: build failed (log: $OUTDIR/$name.make.log)"
+  else
+    echo "$name: does not apply to HEAD"
+  fi
   git -C "$ROOT" worktree remove --force "$tree"
 done
