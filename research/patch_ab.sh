@@ -12,8 +12,8 @@
 # AB_PREBUILT=DIR: a variant whose folder DIR/<name> exists (<name>: the patch's file name without .patch, a stack's
 # names joined by +) links the `make kernels` objects there that were compiled from the patched tree (setup.py checks
 # each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling.
-# AB_TESTS="test_bwd_gpu ..." (tests/ files) and AB_SANITIZE="bwd fwd" (tests/sanitize_*.py under racecheck and
-# synccheck) check each variant after its build and before its bench, on what it compiled
+# AB_TESTS="test_bwd_gpu ..." (tests/ files) and AB_SANITIZE="bwd fwd" (tests/sanitize_*.py under the tools
+# AB_SANITIZE_TOOLS, racecheck and synccheck by default) check each variant after its build and before its bench, on what it compiled
 # (FLASH_DASH_TEST_BUILT_ONLY=1, AB_TEST_FILTER as pytest -k); the tests' last lines are printed. AB_NO_BENCH=1: only
 # build and check (a call before FA4 has arrived).
 # Use it on a machine that already holds a build (benchmarks/gpu_session.sh build) and keep a peer's rows in
@@ -45,7 +45,7 @@ check() {  # check NAME: AB_TESTS and AB_SANITIZE on the variant just built
     echo "$1: $t $(tail -1 "$AB/$t-$1.log")"
   done
   for pass in ${AB_SANITIZE:-}; do
-    for tool in racecheck synccheck; do
+    for tool in ${AB_SANITIZE_TOOLS:-racecheck synccheck}; do
       FLASH_DASH_TEST_BUILT_ONLY=1 timeout 150 compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" \
         > "$AB/sanitize-$pass-$tool-$1.log" 2>&1
       echo "$1: sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
