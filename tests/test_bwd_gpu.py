@@ -205,7 +205,7 @@ def _bits(grads):
     return [g_.view(torch.int16).clone() for g_ in grads]
 
 
-SWAPPED_HDIMS = [d for d in HDIMS if variants.head_dim(d, head_dim_v(d)).bwd.swap_dkv]
+SWAPPED_HDIMS = [d for d in HDIMS if variants.head_dim(int(d), head_dim_v(d)).bwd.swap_dkv]
 
 
 @pytest.mark.parametrize("d", SWAPPED_HDIMS)
