@@ -59,17 +59,17 @@ def _why_no_cuda_build() -> str | None:
     return None
 
 
-def _prebuilt_current(folder: Path, source: str) -> bool:
-    """Whether FLASH_DASH_PREBUILT_DIR holds an object of ``source`` compiled from this tree (its `make kernels`
-    stamp matches build_config.source_digest); a missing or stale one is compiled instead, and said so."""
+def _prebuilt_object(folder: Path, source: str) -> Path | None:
+    """The object of ``source`` in FLASH_DASH_PREBUILT_DIR when it was compiled from this tree (its `make kernels`
+    stamp matches build_config.source_digest); None for a missing or stale one, which is compiled instead (said so)."""
     stem = Path(source).stem
     obj, stamp = folder / f"{stem}.o", folder / f"{stem}.digest"
     if not obj.is_file():
-        return False
+        return None
     if stamp.is_file() and stamp.read_text().strip() == build_config.source_digest(source):
-        return True
+        return obj
     _say(f"prebuilt {obj} {'is stale' if stamp.is_file() else 'has no digest stamp'}: compiling {source}")
-    return False
+    return None
 
 
 def _cuda_extension():
@@ -80,8 +80,9 @@ def _cuda_extension():
     extra_objects = []
     prebuilt = os.environ.get("FLASH_DASH_PREBUILT_DIR")
     for src in build_config.kernel_sources():
-        if prebuilt and _prebuilt_current(Path(prebuilt), src):
-            extra_objects.append(str((Path(prebuilt) / (Path(src).stem + ".o")).resolve()))
+        obj = _prebuilt_object(Path(prebuilt), src) if prebuilt else None
+        if obj is not None:
+            extra_objects.append(str(obj.resolve()))
         else:
             sources.append(src)
     defines = build_config.compile_defines()
