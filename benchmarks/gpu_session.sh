@@ -7,7 +7,7 @@
 #
 # Environment: FLASH_DASH_PREBUILT_DIR links `make kernels` objects instead of compiling (see setup.py);
 # TESTS (default: every tests/*_gpu.py and the timeline test), TEST_FILTER (a pytest -k expression for each of them,
-# e.g. 192v128), DEADLINE_S (seconds from the start by which every step must end: each step's limit is cut to what is
+# e.g. 192v128), TEST_TIMEOUT (per test file, default 400 s), DEADLINE_S (seconds from the start by which every step must end: each step's limit is cut to what is
 # left and a step with under 20 s left is skipped, so a call under the device's 600 s limit still packs its logs;
 # default 10000), SANITIZE_PASSES (bwd fwd),
 # SANITIZE_TOOLS (racecheck synccheck), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
@@ -52,7 +52,7 @@ if has build; then
 fi
 if has tests; then
   for t in ${TESTS:-$(cd tests && ls *_gpu.py | sed 's/\.py$//') test_research_bwd_timeline}; do
-    step "$t" 400 python3 -m pytest -q -p no:cacheprovider --maxfail=10 ${TEST_FILTER:+-k "$TEST_FILTER"} \
+    step "$t" "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider --maxfail=10 ${TEST_FILTER:+-k "$TEST_FILTER"} \
       "tests/$t.py" > "$LOG/$t.log" 2>&1
     (($? != 125)) && summary+=("$t: $(tail -1 "$LOG/$t.log")")
     pack

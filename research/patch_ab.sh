@@ -37,21 +37,15 @@ bench() {  # bench NAME: one bench_attn.py run into $AB (none with AB_NO_BENCH)
     > "$AB/bench-$1.txt" 2>&1
   echo "bench $1 rc $?"
 }
-check() {  # check NAME: AB_TESTS and AB_SANITIZE on the variant just built
-  local t pass tool
-  for t in ${AB_TESTS:-}; do
-    FLASH_DASH_TEST_BUILT_ONLY=1 timeout "${AB_TEST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider \
-      --maxfail=10 ${AB_TEST_FILTER:+-k "$AB_TEST_FILTER"} "tests/$t.py" > "$AB/$t-$1.log" 2>&1
-    echo "$1: $t $(tail -1 "$AB/$t-$1.log")"
-  done
-  for pass in ${AB_SANITIZE:-}; do
-    for tool in ${AB_SANITIZE_TOOLS:-racecheck synccheck}; do
-      FLASH_DASH_TEST_BUILT_ONLY=1 timeout 150 compute-sanitizer --tool "$tool" python3 "tests/sanitize_$pass.py" \
-        > "$AB/sanitize-$pass-$tool-$1.log" 2>&1
-      echo "$1: sanitize $pass $tool (rc $?): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' \
-        "$AB/sanitize-$pass-$tool-$1.log" | tail -1)"
-    done
-  done
+check() {  # check NAME: AB_TESTS and AB_SANITIZE on the variant just built (gpu_session.sh's tests and sanitize)
+  local steps=()
+  [ -n "${AB_TESTS:-}" ] && steps+=(tests)
+  [ -n "${AB_SANITIZE:-}" ] && steps+=(sanitize)
+  [ "${#steps[@]}" -gt 0 ] || return 0
+  FLASH_DASH_TEST_BUILT_ONLY=1 TESTS="${AB_TESTS:-}" TEST_FILTER="${AB_TEST_FILTER:-}" \
+    TEST_TIMEOUT="${AB_TEST_TIMEOUT:-200}" SANITIZE_PASSES="${AB_SANITIZE:-}" \
+    SANITIZE_TOOLS="${AB_SANITIZE_TOOLS:-racecheck synccheck}" benchmarks/gpu_session.sh "$AB/check-$1" "${steps[@]}" \
+    | sed "s/^/$1: /"
 }
 finish() { tar -czf "$OUTDIR/ab.tgz" -C "$OUTDIR" ab && rm -rf "$AB"; }
 revert() {  # revert PATCH...: undo applied patches, the last one first
