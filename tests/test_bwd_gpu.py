@@ -52,7 +52,7 @@ WATCHDOG_S = 10.0
 
 
 def _blocks(d: int) -> tuple[int, int]:
-    return variants.bwd_tile(d, head_dim_v(d))
+    return variants.bwd_tile(int(d), head_dim_v(d))
 
 
 def _inputs(b, sq, sk, h, hk, d, dtype, causal, seed=0, window_size=(-1, -1)):
@@ -335,7 +335,7 @@ def test_bwd_trace_matches_model(sq, sk, b, h, hk, margin, schedule, causal, d):
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count - margin
     bm, bn = _blocks(d)
-    fold = bwd_launch(causal, d, sq, sk, b, h, num_sms, True, schedule, (-1, -1), hk,
+    fold = bwd_launch(causal, int(d), sq, sk, b, h, num_sms, True, schedule, (-1, -1), hk,
                       head_dim_v=head_dim_v(d)).gqa_fold  # what ran
     plan = build_plan("causal" if causal else "full", sq, sk, bm, bn, b, h, num_sms, schedule, heads_kv=hk,
                       fold=fold)
