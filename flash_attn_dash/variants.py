@@ -119,7 +119,7 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             bwd=BwdTile(64, 128, producer_regs=40, mma_regs=232)),
     # Forward: Q (one stage) and two K/V stages fill the shared memory, so O leaves from registers
     # (FwdKernelTraits::kStagedO). Backward: swapped dK/dV; Q, dO, K, V, P, dS and the fp32 dQ hand-off buffer
-    # (64 x d) fill the shared memory at these tiles with one dO stage.
+    # (64 x d) fill the shared memory at these tiles with one dO stage (hdim 256's 64 keys: one Q stage too).
     HeadDim(192, 192,
             fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 96, kv_stages=2),
@@ -128,7 +128,7 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
     HeadDim(256, 256,
             fwd_full=FwdTile(128, 64, kv_stages=2, l2_prefetch=True),
             fwd_causal=FwdTile(128, 64, kv_stages=2),
-            bwd=BwdTile(64, 48, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
+            bwd=BwdTile(64, 64, producer_regs=24, mma_regs=240, q_stages=1, do_stages=1, swap_dkv=True),
             fwd_inline_steps=True),
     # DeepSeek-V3's MLA (qk 192, v 128), hdim 192's tiles, not in the default build until its GPU tests pass: V, O,
     # dO and dV are narrower, so the forward's O staging tile fits beside Q and the K/V stages (O leaves by TMA) and

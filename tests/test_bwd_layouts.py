@@ -72,7 +72,7 @@ def test_default_entries_keep_their_generated_units():
             assert f"{six}>" in text
         extended = "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in text
         assert extended == any(n not in generate.BASE_GMMA_N for n in generate.bwd_gmma_n(h))
-    assert generate.bwd_gmma_n(variants.head_dim(256)) == {24, 48, 128}
+    assert generate.bwd_gmma_n(variants.head_dim(256)) == {32, 64, 128}
     assert generate.bwd_gmma_n(variants.head_dim(192)) == {48, 96}
     assert generate.bwd_gmma_n(variants.head_dim(192, 128)) == {48, 96}
 
@@ -80,8 +80,8 @@ def test_default_entries_keep_their_generated_units():
 @pytest.mark.parametrize("qk", [h.qk for h in variants.HEAD_DIMS if h.bwd.block_n % h.bwd.block_m])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_symmetric_shift_falls_back_where_its_pair_step_is_not_whole(qk, deterministic):
-    """symmetric_shift pairs tiles n and N-1-n for kBlockN / kBlockM Q tiles per K/V tile; the swapped tiles (64x48,
-    64x96) have no whole step, so no kernel instantiates it (variants.SCHEDULES requires) and causal launches
+    """symmetric_shift pairs tiles n and N-1-n for kBlockN / kBlockM Q tiles per K/V tile; the swapped tiles of
+    hdim 192 (64x96) have no whole step, so no kernel instantiates it (variants.SCHEDULES requires) and causal launches
     asking for it, or walking it when not deterministic, run descending."""
     bm, bn = variants.bwd_tile(qk)
     grid = TileGrid("causal", 4096, 4096, bm, bn)

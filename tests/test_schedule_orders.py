@@ -135,7 +135,7 @@ def test_tile_shapes():
     assert bwd_tile_shape(128, False) == bwd_tile_shape(128, True) == (64, 128)
     assert bwd_tile_shape(96, True) == (64, 128)
     assert bwd_tile_shape(192, False) == bwd_tile_shape(192, True) == (64, 96)
-    assert bwd_tile_shape(256, False) == bwd_tile_shape(256, True) == (64, 48)
+    assert bwd_tile_shape(256, False) == bwd_tile_shape(256, True) == (64, 64)
     for bad in (32, 80, 160, 320):
         with pytest.raises(ValueError, match="head_dim"):
             bwd_tile_shape(bad, True)

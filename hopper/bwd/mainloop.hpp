@@ -220,13 +220,29 @@ struct BwdMainloop {
                     };
                     Tensor tdVrP = pds_operand(thr_dv, rP, int(Traits::kBufP));
                     Tensor tdKrdS = pds_operand(thr_dk, rdS, int(Traits::kBufdS));
-                    gemm_ab<false, kSwap>(mma_dv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
+                    // With one Q stage the next step's Q loads only once this step's last Q read (dK) retired, so
+                    // dK goes first and Q is released while dQ and dV run, dQ second so that its hand-off overlaps
+                    // dV; with more, dK last (dQ hands off sooner).
+                    constexpr bool kReleaseQFirst = Traits::kStagesQ == 1;
                     Tensor tdQacc = partition_fragment_C(mma_dq, Shape<typename Traits::TileM, typename Traits::TileD>{});
-                    wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
-                    gemm_ab<false, kSwap>(mma_dk, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
-                    warpgroup_wait<1>();  // dV and dQ retired
-                    if constexpr (DoStates::kOwnState) { pipeline_do.consumer_release(pipe_read_do); }
-                    else { pipeline_do.consumer_release(pipe_read); }
+                    auto release_do = [&] {
+                        if constexpr (DoStates::kOwnState) { pipeline_do.consumer_release(pipe_read_do); }
+                        else { pipeline_do.consumer_release(pipe_read); }
+                    };
+                    if constexpr (kReleaseQFirst) {
+                        gemm_ab<false, kSwap>(mma_dk, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                        wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
+                        gemm_ab<false, kSwap>(mma_dv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
+                        warpgroup_wait<2>();  // dK retired
+                        pipeline_q.consumer_release(pipe_read);
+                        warpgroup_wait<1>();  // dQ retired
+                    } else {
+                        gemm_ab<false, kSwap>(mma_dv, tdVrP, tdVrdO(_, _, _, sdo), tdVacc);
+                        wg_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_stage), tdQrK, tdQacc);
+                        gemm_ab<false, kSwap>(mma_dk, tdKrdS, tdKrQ(_, _, _, s), tdKacc);
+                        warpgroup_wait<1>();  // dV and dQ retired
+                        release_do();
+                    }
                     // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
                     float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
                     Handoff::mma_acquire(wg);
@@ -238,7 +254,11 @@ struct BwdMainloop {
                     cutlass::arch::fence_view_async_shared();
                     Handoff::mma_commit(wg);
                     warpgroup_wait<0>();
-                    pipeline_q.consumer_release(pipe_read);
+                    if constexpr (kReleaseQFirst) {
+                        release_do();  // dV retired
+                    } else {
+                        pipeline_q.consumer_release(pipe_read);  // dK retired
+                    }
                     ++pipe_read;
                     if constexpr (DoStates::kOwnState) { ++pipe_read_do; }
                     if constexpr (!kSwap) { ds_stage ^= 1; }
