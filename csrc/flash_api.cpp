@@ -238,9 +238,11 @@ void varlen_fwd_out(const at::Tensor& q, const at::Tensor& k, const at::Tensor& 
     p.o_stride = strides_of(out4);
     p.lse = lse.data_ptr<float>();
     poison_on_bad_offsets(p.varlen, {&out}, &lse);
+    // Claims run past the table by up to a grid (schedule/tile_ring.hpp): they must stay in int32 too.
     const int64_t capacity = varlen_tile_capacity(q.size(0), p.batch, kVarlenMinRows, static_cast<int>(q.size(1)));
-    TORCH_CHECK_VALUE(capacity < INT32_MAX, "the pack has too many tiles for 32-bit tile indices: (total_q / ",
-                      num(kVarlenMinRows), " + batch) * heads = ", num(capacity), " must be < 2^31");
+    TORCH_CHECK_VALUE(capacity + int64_t(p.num_sms) < INT32_MAX, "the pack has too many tiles for 32-bit tile "
+                      "indices: (total_q / ", num(kVarlenMinRows), " + batch) * heads = ", num(capacity),
+                      " must be < 2^31 - SM count");
     auto workspace = at::empty({varlen_workspace_bytes(p.batch, capacity)}, q.options().dtype(at::kByte));
     p.varlen.workspace = workspace.data_ptr();
     const auto& entry = find_entry(fwd_kernels(), p.head_dim, p.head_dim_v, q.scalar_type(), "forward");

@@ -339,6 +339,43 @@ def test_folded_sequences_have_one_tile_per_kv_head(mirror):
             assert position[(seq, n * heads + h - 1)] < p
 
 
+WORKSPACE_CPP = r"""
+#include <cstdio>
+#include <vector>
+#include "common/varlen.hpp"
+
+using namespace flash_dash;
+
+int main() {
+    long long batch, capacity;
+    while (std::scanf("%lld %lld", &batch, &capacity) == 2) {
+        long long const bytes = varlen_workspace_bytes(batch, capacity);
+        std::vector<long long> buffer(bytes / 8 + 1);
+        VarlenWorkspace const w = varlen_workspace(buffer.data(), batch);
+        auto at = [&](void const* p) {
+            return static_cast<long long>(static_cast<char const*>(p) - reinterpret_cast<char const*>(buffer.data()));
+        };
+        std::printf("%lld %lld %lld %lld %lld\n", at(w.seqs + batch), at(w.num_tiles), at(w.claims), at(w.tiles),
+                    bytes);
+    }
+    return 0;
+}
+"""
+
+
+def test_the_claim_counter_shares_the_count_slot(tmp_path_factory):
+    """The forward's claim counter (reset by the prepare CTA, claimed from by the kernel) sits in the tile count's
+    16-byte slot: after the views, before the table, which keeps its offset and the workspace its size."""
+    exe = build_host_program(tmp_path_factory, "varlen_workspace", WORKSPACE_CPP)
+    cases = [(0, 0), (1, 5), (3, 40), (7, 1000), (1000, 123456)]
+    out = subprocess.run([str(exe)], input="".join(f"{b} {c}\n" for b, c in cases), capture_output=True, text=True,
+                         timeout=60, check=True).stdout
+    for (batch, capacity), line in zip(cases, out.splitlines(), strict=True):
+        views_end, count, claims, tiles, total = map(int, line.split())
+        assert views_end <= count and count % 16 == 0 and claims == count + 4 and claims + 4 <= tiles == count + 16
+        assert total == tiles + 8 * capacity
+
+
 def test_the_kernels_path_reads_no_offsets_on_the_host(monkeypatch):
     """The varlen kernels' host path (issue 18 point 3) never reads cu_seqlens / seqused: no device-to-host copy, so
     it is CUDA-graph capturable and its cost does not grow with the pack. Checked on fake CUDA tensors with the

@@ -86,10 +86,12 @@ FLASH_DASH_HD int64_t varlen_tile_capacity(int64_t total, int64_t batch, int row
     return (total / rows + batch) * heads;
 }
 
-// The workspace: the views, then the tile count, then the table (16-byte aligned parts).
+// The workspace: the views, then the tile count and the forward's claim counter (tiles claimed after the grid's
+// first, schedule/tile_ring.hpp) in one 16-byte slot, then the table (16-byte aligned parts).
 struct VarlenWorkspace {
     VarlenSeq* seqs;
     int* num_tiles;
+    int* claims;
     VarlenTile* tiles;
 };
 
@@ -105,6 +107,7 @@ FLASH_DASH_HD VarlenWorkspace varlen_workspace(void* base, int64_t batch) {
     w.seqs = reinterpret_cast<VarlenSeq*>(p);
     p += varlen_round16(batch * int64_t(sizeof(VarlenSeq)));
     w.num_tiles = reinterpret_cast<int*>(p);
+    w.claims = w.num_tiles + 1;
     w.tiles = reinterpret_cast<VarlenTile*>(p + 16);
     return w;
 }
@@ -270,10 +273,10 @@ FLASH_DASH_HD int varlen_seq_of_tile(VarlenSeq const* seqs, int batch, int x, in
 constexpr int kVarlenPrepareThreads = 1024;
 
 // One CTA: checks the offsets (a bad pack: the status word, no tiles, empty views, NaN in the poisoned outputs), then
-// writes the views and the table chunk by chunk (1024 sequences each, in pack order; within a chunk longest first,
-// varlen_rank): a block-wide scan gives the chunk's tile offsets, and every thread writes table entries whose
-// sequence it finds in the chunk's prefix sums in shared memory. A template on its block size, which also gives the
-// one definition that a kernel defined in a header needs when several translation units launch it.
+// writes the views, the claim counter (0) and the table, chunk by chunk (1024 sequences each, in pack order; within a
+// chunk longest first, varlen_rank): a block-wide scan gives the chunk's tile offsets, and every thread writes table
+// entries whose sequence it finds in the chunk's prefix sums in shared memory. A template on its block size, which
+// also gives the one definition that a kernel defined in a header needs when several translation units launch it.
 template <int kT>
 __global__ void __launch_bounds__(kT, 1)
     varlen_prepare_kernel(VarlenArgs const a, int batch, int total_q, int total_k, VarlenTiling const tiling) {
@@ -373,7 +376,10 @@ __global__ void __launch_bounds__(kT, 1)
         base += chunk_tiles;
         __syncthreads();  // the shared arrays and the scan's storage are reused by the next chunk
     }
-    if (tid == 0) { *w.num_tiles = base; }
+    if (tid == 0) {
+        *w.num_tiles = base;
+        *w.claims = 0;  // the kernel after this one on the stream claims from 0
+    }
 }
 
 #endif  // __CUDACC__

@@ -18,7 +18,7 @@
 namespace flash_dash {
 
 // kWindow: the kernel of sliding windows; kSink: of learnable sinks; kSoftcap: of softcaps; kVarlen: of packed
-// sequences, whose tiles come from the prepare CTA's table (FwdMainloopSm90).
+// sequences, whose tiles come from the prepare CTA's table by dynamic claims (FwdVarlenScheduler).
 template <class Traits, bool kWindow, bool kSink, bool kSoftcap, bool kVarlen>
 __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     flash_fwd_kernel_sm90(CUTE_GRID_CONSTANT typename Traits::Params const params) {
@@ -62,14 +62,24 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     pv.transaction_bytes = Traits::kTmaBytesV;
     PipelineKV pipe_k(ss.pipeline_k, pkv, Shape<_1, _1, _1>{});
     PipelineKV pipe_v(ss.pipeline_v, pv, Shape<_1, _1, _1>{});
-    if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
+    constexpr bool kCopyWarps = kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed;
+    // Varlen: the consumers and the O copy warps read the producer's claims.
+    using VarlenSched = FwdVarlenScheduler<Traits::kNumMmaThreads + (kCopyWarps ? Traits::kOParts * 32 : 0)>;
+    if constexpr (kCopyWarps) {
         if (threadIdx.x == 0) { OHandoff<Traits>::init(ss.o_handoff); }
+    }
+    if constexpr (kVarlen) {
+        if (threadIdx.x == 0) {
+            VarlenSched::init(ss.varlen_claims);
+            cutlass::arch::fence_barrier_init();
+        }
     }
     __syncthreads();
 
     auto const sched = [&] {
         if constexpr (kVarlen) {
-            return FwdVarlenScheduler{params.varlen_tiles, *params.varlen_num_tiles, params.num_heads, int(gridDim.x)};
+            return VarlenSched{params.varlen_tiles, *params.varlen_num_tiles, params.num_heads, int(gridDim.x),
+                               params.varlen_claims, &ss.varlen_claims};
         } else {
             return FwdTileScheduler(params.num_m_blocks, params.num_heads, params.batch, params.is_causal,
                                     int(gridDim.x));
@@ -79,7 +89,7 @@ __global__ void __launch_bounds__(Traits::kNumThreads, 1)
     if (is_producer) {
         cutlass::arch::warpgroup_reg_dealloc<Traits::kProducerRegs>();
         if (threadIdx.x == 0) { Mainloop::load(params, ss, sched, pipe_q, pipe_k, pipe_v); }
-        if constexpr (kVarlen && Traits::kStagedO && OHandoff<Traits>::kUsed) {
+        if constexpr (kCopyWarps) {
             // Warps 1 .. kOParts of the producer warpgroup, idle otherwise: one O copy warp per part.
             if (warp_idx >= 1 && warp_idx <= Traits::kOParts) {
                 OHandoff<Traits>::copy_warp(params, ss.smem_o.data(), ss.o_handoff, sched,

@@ -20,7 +20,7 @@
 namespace flash_dash {
 
 // The prepare CTA of a packed launch (common/varlen.hpp), before the kernel on the same stream: the forward's tiles
-// are the sequences' query blocks, longest first on causal masks.
+// are the sequences' query blocks, longest first on causal masks; it also resets the kernel's claim counter.
 template <class Traits>
 void launch_varlen_prepare(FwdParams const& p, cudaStream_t stream) {
     static_assert(Traits::kBlockM >= kVarlenMinRows, "the binding sizes the tile table for kVarlenMinRows-row blocks");
@@ -82,7 +82,8 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         0,
         Traits::kL2Prefetch && l2_prefetch,
         kSoftcap ? float(double(p.softmax_scale) / double(p.softcap)) : 0.f,
-        nullptr,  // the varlen views, table and count: set below for a packed launch
+        nullptr,  // the varlen views, table, count and claim counter: set below for a packed launch
+        nullptr,
         nullptr,
         nullptr,
     };
@@ -97,8 +98,10 @@ void launch_fwd_kernel(FwdParams const& p, cudaStream_t stream, bool l2_prefetch
         kp.varlen_seqs = w.seqs;
         kp.varlen_tiles = w.tiles;
         kp.varlen_num_tiles = w.num_tiles;
+        kp.varlen_claims = w.claims;
         launch_varlen_prepare<Traits>(p, stream);
-        // The table's size is known on the device only: launch for its upper bound (idle CTAs exit at once).
+        // The table's size is known on the device only: launch for its upper bound (idle CTAs exit at once; the
+        // others claim the tiles after the first grid's).
         int64_t const capacity = varlen_tile_capacity(p.seqlen_q, p.batch, Traits::kBlockM, p.num_heads);
         int const grid = int(std::max<int64_t>(1, std::min<int64_t>(capacity, p.num_sms)));
         constexpr auto kernel = &flash_fwd_kernel_sm90<Traits, kWindow, kSink, kSoftcap, true>;

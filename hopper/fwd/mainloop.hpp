@@ -89,7 +89,8 @@ struct FwdMainloopSm90 {
     // Producer: a single thread (threadIdx.x == 0, the pipelines' leader) issues every TMA load.
     // Order per tile: Q, K[n_max-1], then (K[n-1], V[n]) for n = n_max-1 .. 0, matching the
     // consumer, which needs S_{n-1} = Q K[n-1]^T before O += P_n V[n]. With two Q buffers the next
-    // tile's Q is issued early, after this tile's second K.
+    // tile's Q is issued early, after this tile's second K. Varlen: it also claims the CTA's tiles
+    // (FwdVarlenScheduler), once this tile's loads are out, or where the Q or the L2 prefetch look ahead.
     template <class Sched>
     CUTE_DEVICE static void load(Params const& p, SharedStorage& ss, Sched const& sched, PipelineQ& pipe_q,
                                  PipelineKV& pipe_k, PipelineKV& pipe_v) {
@@ -108,14 +109,29 @@ struct FwdMainloopSm90 {
         StateKV st_k = cutlass::make_producer_start_state<PipelineKV>();
         StateKV st_v = cutlass::make_producer_start_state<PipelineKV>();
 
-        // The CTA's next tile after t that loads anything (>= sched.total: none).
+        auto loads = [&](int t) {
+            FwdTile const tile = sched.decode(t);
+            Seq const seq = seq_of(p, tile);
+            return n_block_max(p, seq, tile.m_block) > n_block_min(p, seq, tile.m_block);
+        };
+        // The CTA's tile after t.
+        auto next_tile = [&](int t) {
+            if constexpr (kVarlen) { return sched.claim_next(); }
+            else { return sched.next_tile(t); }
+        };
+        // The CTA's next tile after t that loads anything (>= sched.total: none). Varlen: the next tile, claimed
+        // now, if it loads; one claim ahead at most (the ring has two slots, which the other roles free only as
+        // they go through the tiles before, whose last waits for this tile's loads).
         auto next_loading_tile = [&](int t) {
-            for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
-                FwdTile const tile = sched.decode(t);
-                Seq const seq = seq_of(p, tile);
-                if (n_block_max(p, seq, tile.m_block) > n_block_min(p, seq, tile.m_block)) { break; }
+            if constexpr (kVarlen) {
+                int const next = sched.peek_next();
+                return next < sched.total && loads(next) ? next : sched.total;
+            } else {
+                for (t = sched.next_tile(t); t < sched.total; t = sched.next_tile(t)) {
+                    if (loads(t)) { break; }
+                }
+                return t;
             }
-            return t;
         };
         auto load_q = [&](FwdTile const& tile) {
             Seq const seq = seq_of(p, tile);
@@ -155,7 +171,7 @@ struct FwdMainloopSm90 {
         };
         int q_ahead = -1;  // the tile whose Q already went out during the tile before it
 
-        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+        for (int t = blockIdx.x; t < sched.total; t = next_tile(t)) {
             FwdTile const tile = sched.decode(t);
             Seq const seq = seq_of(p, tile);
             int const n_max = n_block_max(p, seq, tile.m_block);
@@ -207,7 +223,7 @@ struct FwdMainloopSm90 {
         }
     }
 
-    // Consumer: walks the CTA's tiles (the scheduler's sequence) block by block, n = n_max-1 .. 0 per
+    // Consumer: walks the CTA's tiles (the scheduler's read_next) block by block, n = n_max-1 .. 0 per
     // tile. Every step issues S = Q K[n]^T of the current block together with O += P V of the block
     // before it (FA3's intra-warpgroup overlap; with Traits::kOverlapPvSoftmax the softmax of S runs
     // while the PV wgmma is in flight), and the step does not stop at tile boundaries: a tile's first
@@ -332,7 +348,8 @@ struct FwdMainloopSm90 {
             pv_pending = false;
         };
 
-        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+        int read = 0;  // varlen: the claims read so far
+        for (int t = blockIdx.x; t < sched.total; t = sched.read_next(t, read++)) {
             FwdTile const tile = sched.decode(t);
             Seq const seq = seq_of(p, tile);
             int const n_max = n_block_max(p, seq, tile.m_block);

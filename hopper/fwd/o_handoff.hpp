@@ -80,16 +80,17 @@ struct OHandoff {
     // Consumers, the same thread, once the part's threads synced on the staged block.
     CUTE_DEVICE static void signal_staged(Barriers& b, int part) { Mbarrier::arrive(&b.staged[part]); }
 
-    // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's); a straddling block's
-    // rows inside its sequence (copy_rows; the copy warps have 24-32 registers).
+    // The copy warp of part `part`: the CTA's tiles in the consumers' order (the scheduler's read_next); a straddling
+    // block's rows inside its sequence (copy_rows; the copy warps have 24-32 registers).
     template <class Params, class Sched, class SeqOf>
     CUTE_DEVICE static void copy_warp(Params const& p, Element* smem_o, Barriers& b, Sched const& sched,
                                       SeqOf&& seq_of, int part, int lane) {
         using namespace cute;
         Tensor sO = make_tensor(make_smem_ptr(smem_o), typename Traits::SmemLayoutO{})(_, _, part);
         uint32_t phase = 0;
+        int read = 0;
 #pragma unroll 1
-        for (int t = blockIdx.x; t < sched.total; t = sched.next_tile(t)) {
+        for (int t = blockIdx.x; t < sched.total; t = sched.read_next(t, read++)) {
             auto const tile = sched.decode(t);
             auto const seq = seq_of(tile);
             int const block_row = Traits::first_row(seq, tile.m_block) + part * kRows;

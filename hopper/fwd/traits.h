@@ -11,6 +11,7 @@
 #include "common/sm90_limits.hpp"
 #include "common/varlen.hpp"
 #include "common/utils.hpp"
+#include "schedule/fwd_tile_scheduler.hpp"
 
 namespace flash_dash {
 
@@ -123,6 +124,7 @@ struct FwdKernelTraits {
         typename PipelineKV::SharedStorage pipeline_k;
         typename PipelineKV::SharedStorage pipeline_v;
         OHandoffBarriers o_handoff;
+        FwdClaimStorage varlen_claims;  // FwdVarlenScheduler's
     };
     static constexpr bool kStagedO = sizeof(SharedStorageT<true>) <= kMaxSmemPerBlock;
     using SharedStorage = SharedStorageT<kStagedO>;
@@ -180,11 +182,12 @@ struct FwdKernelTraits {
         bool l2_prefetch_next;
         // Softcap kernels: softmax_scale / softcap (after the others, so their parameter offsets do not move).
         float softcap_prescale;
-        // Varlen kernels: the prepare CTA's sequence views, tile table and tile count (common/varlen.hpp); the
-        // tensors are then one batch of seqlen_q / seqlen_k packed rows.
+        // Varlen kernels: the prepare CTA's sequence views, tile table, tile count and claim counter
+        // (common/varlen.hpp); the tensors are then one batch of seqlen_q / seqlen_k packed rows.
         VarlenSeq const* varlen_seqs;
         VarlenTile const* varlen_tiles;
         int const* varlen_num_tiles;
+        int* varlen_claims;
     };
 
     // The causal launches' shift (Params::m_offset) of a sequence of seqlen_q rows: its partial block goes first.

@@ -1,5 +1,5 @@
-// Static persistent tile scheduler for the forward kernel: which (m block, head, batch) tile a CTA
-// runs next. The producer warp and the consumer warpgroups walk the same sequence independently.
+// Persistent tile schedulers of the forward kernel: which (m block, head, batch) tile a CTA runs next. The producer
+// thread walks the CTA's tiles with next_tile (or claims them), the other roles with read_next.
 //  * Full masks: CTA i takes tiles i, i + grid, ...; the m blocks of one (b, h) are neighbours, so the
 //    tiles running at once share K/V in L2.
 //  * Causal: longest tiles (largest m) first, within groups of head_group (b, h) pairs (the last group
@@ -10,11 +10,17 @@
 //    lies inside one group and is sorted longest first; rounds are dealt in alternating directions,
 //    so the CTA that took a round's longest tile takes the next round's shortest (a plain round robin
 //    would hand CTA 0 the longest tile of every round).
-//  * Varlen (FwdVarlenScheduler): the pack's tile table (common/varlen.hpp) round robin, tile t on CTA t % grid; the
-//    table lists each sequence's tiles longest first on causal masks.
+//  * Varlen (FwdVarlenScheduler): the pack's tile table (common/varlen.hpp) by dynamic claims (schedule/tile_ring.hpp),
+//    the next entry to the CTA that frees up first. The table's tiles cost unlike amounts (sequences' lengths, causal
+//    blocks), which a static round robin over it spread unevenly (research/varlen_fwd_balance.py); claims keep every
+//    CTA busy to the end. The table lists each sequence's tiles longest first on causal masks, and the tiles in
+//    flight at once are a window of it: a few sequences' heads, each head's K/V read by several of them from L2.
 #pragma once
 #include "common/host_device.hpp"
 #include "common/varlen.hpp"
+#if defined(__CUDACC__)
+#include "schedule/tile_ring.hpp"
+#endif
 
 namespace flash_dash {
 
@@ -69,6 +75,8 @@ struct FwdTileScheduler {
         if (lpt) { return t + 2 * grid - 1 - 2 * (t % grid); }
         return t + grid;
     }
+    // The other roles' walk: the same; `k` (the tiles read before) is the varlen walk's.
+    FLASH_DASH_HD int read_next(int t, int /*k*/) const { return next_tile(t); }
 
     FLASH_DASH_HD FwdTile decode(int t) const {
         int m, bh;
@@ -89,14 +97,52 @@ struct FwdTileScheduler {
     }
 };
 
-// The varlen grid: FwdTile::batch is the tile's sequence (an index into the prepare CTA's views).
+#if defined(__CUDACC__)
+// The varlen grid's claims in shared memory: the ring, and the producer's publications so far and the entry it
+// claimed ahead (-1: none), there so that its loop carries no claim state (its 24-32 registers hold the loads').
+struct FwdClaimStorage {
+    TileRingStorage ring;
+    int published;
+    int ahead;
+};
+
+// The varlen grid: FwdTile::batch is the tile's sequence (an index into the prepare CTA's views). CTA g starts with
+// entry g; its producer claims each next entry and publishes it in the ring, which every thread of the other roles
+// (kReaders) reads (read_next), so every role of a CTA walks the same entries.
+template <int kReaders>
 struct FwdVarlenScheduler {
+    using Ring = TileRing<kReaders>;
     VarlenTile const* tiles;
     int total;  // the table's tiles (written by the prepare CTA; the grid is sized from an upper bound)
     int heads;
     int grid;
+    int* claims;  // the prepare CTA's claim counter (common/varlen.hpp)
+    FwdClaimStorage* state;
 
-    FLASH_DASH_HD int next_tile(int t) const { return t + grid; }
+    // One thread, before the CTA-wide sync.
+    __device__ __forceinline__ static void init(FwdClaimStorage& s) {
+        Ring::init(s.ring);
+        s.published = 0;
+        s.ahead = -1;
+    }
+    // Producer (lane 0 of its warp): the entry claim_next returns, claimed now if it is not yet; >= total: done.
+    // Passed through a shuffle from lane 0, so that the compiler knows it warp-uniform and keeps the walk in uniform
+    // registers, as with a static walk (an atomic's result is per thread: the producer spilled).
+    __device__ __forceinline__ int peek_next() const {
+        if (state->ahead < 0) { state->ahead = Ring::publish(state->ring, state->published++, claims, grid); }
+        return __shfl_sync(1u, state->ahead, 0);
+    }
+    // Producer: the CTA's next entry.
+    __device__ __forceinline__ int claim_next() const {
+        int const t = peek_next();
+        state->ahead = -1;
+        return t;
+    }
+    // Every other role (whole warps): the entry after t, publication number k (0, 1, ... per CTA); warp-uniform
+    // for the compiler too, as peek_next's.
+    __device__ __forceinline__ int read_next(int /*t*/, int k) const {
+        return __shfl_sync(0xffffffffu, Ring::consume(state->ring, k), 0);
+    }
 
     FLASH_DASH_HD FwdTile decode(int t) const {
         VarlenTile const e = tiles[t];
@@ -104,5 +150,6 @@ struct FwdVarlenScheduler {
         return {m, e.block_head - m * heads, e.seq};
     }
 };
+#endif
 
 }  // namespace flash_dash

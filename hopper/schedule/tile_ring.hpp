@@ -1,6 +1,6 @@
-// Dynamic tile assignment of the backward's persistent grid: CTA g starts with tile g; afterwards its
-// producer claims the next unclaimed tile from a global counter (tiles are handed out in increasing
-// order, whichever CTA frees up first) and passes it to the CTA's other roles through a 2-slot ring
+// Dynamic tile assignment of a persistent grid (the backward's dynamic policies, the varlen forward): CTA g starts
+// with tile g; afterwards its producer claims the next unclaimed tile from a global counter (tiles are handed out in
+// increasing order, whichever CTA frees up first) and passes it to the CTA's other roles through a 2-slot ring
 // in shared memory. Two slots let the producer publish tile j+1 while the consumers still work on
 // tile j; it waits only for slot reuse (tile j-1 read by every consumer).
 #pragma once
@@ -8,7 +8,6 @@
 #include <cutlass/arch/barrier.h>
 
 namespace flash_dash {
-namespace bwd {
 
 struct TileRingStorage {
     alignas(8) uint64_t full[2];
@@ -49,5 +48,4 @@ struct TileRing {
     }
 };
 
-}  // namespace bwd
 }  // namespace flash_dash
