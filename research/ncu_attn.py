@@ -9,7 +9,9 @@ Nsight Compute (ours beside FlashAttention-4 or cuDNN, kernel by kernel).
 is warmed up outside the range, so ncu profiles exactly one call of each (a backward is its whole autograd call:
 preprocess, main kernel, postprocess, whatever each implementation launches). The question it answers: where our
 kernels lose to a peer's at a shape (tensor-pipe activity, stall reasons, instructions per MMA), not how fast either
-is (benchmarks/bench_attn.py). Shapes as bench_attn.py: 16k tokens, hidden 2048, bf16.
+is (benchmarks/bench_attn.py). Shapes as bench_attn.py: 16k tokens, hidden 2048, bf16. --impl also takes
+benchmarks/bench_varlen.py's keys (dash-varlen, fa4-varlen, ...): those run the same tensors as one uniform pack of
+the batch's sequences (the varlen kernels beside the dense ones at equal shapes).
 """
 from __future__ import annotations
 
@@ -19,19 +21,22 @@ from pathlib import Path
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks import common  # noqa: E402
+from benchmarks import bench_varlen, common  # noqa: E402
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pass", dest="pass_", default="bwd", choices=("fwd", "bwd"))
-    ap.add_argument("--impl", default="dash,fa4", help="comma list of benchmarks/common.py implementation keys")
+    ap.add_argument("--impl", default="dash,fa4", help="comma list of benchmarks/common.py (or bench_varlen.py) implementation keys")
     ap.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128))
     ap.add_argument("--seqlen", default="8k", help="one length (e.g. 2k, 4096)")
     ap.add_argument("--causal", action="store_true")
     args = ap.parse_args(argv)
+    wanted = args.impl.split(",")
+    packed = [n for n in wanted if n in bench_varlen.IMPLS]
     try:
-        names = common.select_impls([args.impl], [])
+        names = common.select_impls([",".join(n for n in wanted if n not in packed)], []) if len(packed) < len(
+            wanted) else []
     except ValueError as e:
         ap.error(str(e))
     common.require_cuda("ncu_attn.py")
@@ -41,9 +46,14 @@ def main(argv=None) -> int:
     b, h = common.TOKENS_PER_BATCH // s, common.HIDDEN // args.hdim
     q, k, v, dout = (torch.randn(b, s, h, args.hdim, device="cuda", dtype=torch.bfloat16) for _ in range(4))
     q, k, v = (x.requires_grad_(args.pass_ == "bwd") for x in (q, k, v))
+    pack = bench_varlen.uniform_pack(b * s, s)
+    cu = torch.tensor(pack.offsets(), device="cuda", dtype=torch.int32)
+    fns = {name: common.make_attn_fn(common.IMPLS[name], args.causal) for name in names}
+    for name in packed:  # the same tensors as one pack: (b * s, h, d) views, outputs back in (b, s, h, d)
+        vfn = bench_varlen.make_fn(bench_varlen.IMPLS[name], pack, args.causal, cu)
+        fns[name] = lambda q, k, v, vfn=vfn: vfn(*(x.flatten(0, 1) for x in (q, k, v))).view(q.shape)
     calls = []
-    for name in names:
-        fn = common.make_attn_fn(common.IMPLS[name], args.causal)
+    for name, fn in fns.items():
         if args.pass_ == "fwd":
             calls.append((name, lambda fn=fn: fn(q, k, v)))
         else:
