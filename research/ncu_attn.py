@@ -27,16 +27,17 @@ from benchmarks import bench_varlen, common  # noqa: E402
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--pass", dest="pass_", default="bwd", choices=("fwd", "bwd"))
-    ap.add_argument("--impl", default="dash,fa4", help="comma list of benchmarks/common.py (or bench_varlen.py) implementation keys")
+    ap.add_argument("--impl", default="dash,fa4",
+                    help="comma list of benchmarks/common.py (or bench_varlen.py) implementation keys")
     ap.add_argument("--hdim", type=int, default=128, choices=(64, 96, 128))
     ap.add_argument("--seqlen", default="8k", help="one length (e.g. 2k, 4096)")
     ap.add_argument("--causal", action="store_true")
     args = ap.parse_args(argv)
     wanted = args.impl.split(",")
     packed = [n for n in wanted if n in bench_varlen.IMPLS]
+    dense = [n for n in wanted if n not in packed]
     try:
-        names = common.select_impls([",".join(n for n in wanted if n not in packed)], []) if len(packed) < len(
-            wanted) else []
+        names = common.select_impls([",".join(dense)], []) if dense else []
     except ValueError as e:
         ap.error(str(e))
     common.require_cuda("ncu_attn.py")
