@@ -10,7 +10,8 @@
 # e.g. 192v128), TEST_TIMEOUT (per test file, default 400 s), DEADLINE_S (seconds from the start by which every step must end: each step's limit is cut to what is
 # left and a step with under 20 s left is skipped, so a call under the device's 600 s limit still packs its logs;
 # default 10000), SANITIZE_PASSES (bwd fwd),
-# SANITIZE_TOOLS (racecheck synccheck), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
+# SANITIZE_TOOLS (racecheck synccheck), SANITIZE_TIMEOUT (per tool, default 450 s: the backward racecheck of hdim
+# 64/128/256 takes ~430 s on an H100), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
 # ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks), NCU_ARGS / NCU_TAG (the ncu step: research/ncu_attn.py's
 # arguments and the name of its text reports). FlashAttention-4 rows need FA4 importable: source
 # .fa4/pK/stage.sh first (../shared/tools/fa4/prepare.sh). Logs and this call's new results come back in OUTDIR as
@@ -61,7 +62,7 @@ fi
 if has sanitize; then
   for pass in ${SANITIZE_PASSES:-bwd fwd}; do
     for tool in ${SANITIZE_TOOLS:-racecheck synccheck}; do
-      step "sanitize $pass $tool" "${SANITIZE_TIMEOUT:-150}" compute-sanitizer --tool "$tool" python3 \
+      step "sanitize $pass $tool" "${SANITIZE_TIMEOUT:-450}" compute-sanitizer --tool "$tool" python3 \
         "tests/sanitize_$pass.py" > "$LOG/sanitize-$pass-$tool.log" 2>&1
       rc=$?
       ((rc != 125)) && summary+=("sanitize $pass $tool (rc $rc): $(grep -E 'ERROR SUMMARY|RACECHECK SUMMARY' "$LOG/sanitize-$pass-$tool.log" | tail -1)")

@@ -29,6 +29,7 @@ HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS = 0, 1, 2  # VarlenTileOrder
 # views "V q_start k_start len_q len_k m_start n_start folded" (64-row query and 128-row key blocks) and the table
 # "T seq block_head" lines, then "END".
 MIRROR_CPP = r"""
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <vector>
@@ -86,7 +87,7 @@ int main() {
                 m_blocks[rr] = i < batch ? varlen_m_blocks(s, t) : 0;
             }
             for (int r = 0; r < chunk; ++r) {
-                int const p = varlen_rank(cost_of.data(), chunk, r, cost_of[r]);
+                int const p = varlen_slot_rank(cost_of.data(), std::min(chunk, batch - c0), r, cost_of[r]);
                 seq_at[p] = r;
                 blocks_of[p] = blocks[r];
                 heads_of[p] = tile_heads[r];

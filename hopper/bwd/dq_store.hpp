@@ -23,6 +23,8 @@ struct BwdDqStore {
     using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
     using SharedStorage = typename Traits::SharedStorage;
     using Handoff = typename Traits::DqHandoffT;
+    // Non-deterministic: how many of the ranks before it a contribution may run ahead of.
+    static constexpr int kNondetSlack = 2;
 
     // All 32 lanes of the warp; lane 0 issues the copies and owns the counters.
     CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, int lane, int num_tiles) {
@@ -55,14 +57,15 @@ struct BwdDqStore {
                 // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
                 Handoff::store_begin();
                 // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
-                // Deterministic: rank r waits for ranks 0..r-1; otherwise only for rank 0 (adds
-                // after the first are unordered). Fewer waits than the proven-deadlock-free
-                // deterministic order, hence deadlock-free too.
+                // Deterministic: rank r waits for ranks 0..r-1. Otherwise for rank 0 and for any r - kNondetSlack
+                // of the others (adds after the first are unordered): the waits keep the CTAs near the schedule's
+                // stagger, where without them they drift onto the same dQ tiles. Fewer waits than the
+                // proven-deadlock-free deterministic order, hence deadlock-free too.
                 int const rank = Policy::rank(shape, c, st, m);
                 StepTimeline timeline(params.timeline, (bh * sched.num_m + m) * sched.num_n + rank);
                 if (lane == 0) {
                     if constexpr (Deterministic) { wait_eq(sem, rank); }
-                    else if (rank > 0) { wait_ge(sem, 1); }
+                    else if (rank > 0) { wait_ge(sem, rank > kNondetSlack ? rank - kNondetSlack : 1); }
                     fence_proxy_async_global();
                     timeline.acquired();
                 }
@@ -88,7 +91,7 @@ struct BwdDqStore {
                         red_release_add(sem, 1);
                     } else {
                         bulk_wait_group_read_0();
-                        pos = params.order_trace != nullptr ? atomicAdd(sem, 1) : 0;
+                        pos = atomicAdd(sem, 1);
                     }
                     if (params.order_trace != nullptr && pos < sched.num_n) {
                         params.order_trace[(bh * sched.num_m + m) * sched.num_n + pos] = c.n;

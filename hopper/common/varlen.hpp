@@ -237,6 +237,13 @@ FLASH_DASH_HD int varlen_rank(int const* costs, int n, int index, int cost) {
     return rank;
 }
 
+// Position of slot `index` of a chunk whose first `in_chunk` slots hold sequences: those ranked by varlen_rank, the
+// padding slots after them (cost -1, later in pack order) at their own index. Ranking only the sequences keeps a
+// small pack's prepare CTA from looping over every slot of the chunk.
+FLASH_DASH_HD int varlen_slot_rank(int const* costs, int in_chunk, int index, int cost) {
+    return index < in_chunk ? varlen_rank(costs, in_chunk, index, cost) : index;
+}
+
 // The blocks VarlenSeq's m_start / n_start count.
 FLASH_DASH_HD int varlen_m_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_q + t.q_rows - 1) / t.q_rows; }
 FLASH_DASH_HD int varlen_n_blocks(VarlenSeq const& s, VarlenTiling const& t) { return (s.len_k + t.k_rows - 1) / t.k_rows; }
@@ -357,7 +364,7 @@ __global__ void __launch_bounds__(kT, 1)
         int const cost = i < batch && blocks > 0 ? varlen_tile_cost(s, tiling) : -1;  // no tiles: last
         cost_of[tid] = cost;
         __syncthreads();
-        int const rank = varlen_rank(cost_of, kT, tid, cost);
+        int const rank = varlen_slot_rank(cost_of, min(kT, batch - c0), tid, cost);
         seq_at[rank] = tid;
         blocks_of[rank] = blocks;
         heads_of[rank] = varlen_tile_heads(s, tiling);

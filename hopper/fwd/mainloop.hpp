@@ -201,18 +201,20 @@ struct FwdMainloopSm90 {
                          tKsK(_, st_k.index()));
                     ++st_k;
                 }
+                pipe_v.producer_acquire(st_v);
+                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
+                ++st_v;
                 if constexpr (Traits::kQStages == 2) {
                     // Two Q buffers: the next tile's Q goes out once this tile's second K block has a stage,
                     // i.e. once the consumers are in this tile's first step, where they released the Q of the
-                    // tile before (so the acquire does not wait): a tile ahead instead of ~2 blocks ahead.
+                    // tile before (so the acquire does not wait): a tile ahead instead of ~2 blocks ahead. After
+                    // this tile's first V, which the consumers need first (a varlen claim and its table reads
+                    // would otherwise sit in front of it).
                     if (n == n_max - 1 && n > n_min) {
                         q_ahead = next_loading_tile(t);
                         if (q_ahead < sched.total) { load_q(sched.decode(q_ahead)); }
                     }
                 }
-                pipe_v.producer_acquire(st_v);
-                copy(p.tma_v.with(*pipe_v.producer_get_barrier(st_v), 0, hint_kv), tVgV(_, n), tVsV(_, st_v.index()));
-                ++st_v;
                 if constexpr (Traits::kL2Prefetch) {
                     if (p.l2_prefetch_next && n == n_max - 1) {
                         int const tn = next_loading_tile(t);
