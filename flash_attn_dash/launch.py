@@ -150,7 +150,10 @@ def _bwd_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, batch
     fallback = None if used == wanted else fallback_reason(wanted, grid)
     ctas = num_ctas(used, grid, grid_heads, num_sms)
     dynamic = variants.schedule(used).grid == "dynamic"
-    group = claim_group(grid.num_m, grid_heads, ctas) if (dynamic and deterministic) else 1
+    # Non-deterministic walks claim in the same groups: head-major claims leave the last head's longest tiles for the
+    # end of the run, where the other CTAs idle (causal tiles differ in length; test_schedule_orders has the model's
+    # makespans).
+    group = claim_group(grid.num_m, grid_heads, ctas) if dynamic else 1
     return BwdLaunch(used, wanted, fallback, ctas, group, fold)
 
 

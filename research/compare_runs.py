@@ -1,8 +1,9 @@
-"""Compare bench_attn.py or bench_varlen.py JSON runs of one call row by row: each variant's TFLOP/s over the base's.
+"""Compare bench_attn.py, bench_varlen.py or bench_window.py JSON runs of one call row by row: each variant's TFLOP/s
+over the base's.
 
     python research/compare_runs.py BASE.json VARIANT.json [VARIANT.json ...]
 
-Prints, per (impl, hdim, mask, seqlen or pack), the baseline's fwd/bwd TFLOP/s and each variant's ratio to it, then the
+Prints, per (impl, hdim, mask or case, seqlen or pack), the baseline's fwd/bwd TFLOP/s and each variant's ratio to it, then the
 median ratio per variant and pass (rows that are not `ok` on both sides are left out).
 """
 from __future__ import annotations
@@ -16,8 +17,9 @@ from pathlib import Path
 
 def rows(path: Path) -> dict:
     doc = json.loads(path.read_text())
-    # bench_varlen.py rows name their pack (uniform packs carry a seqlen too); bench_attn.py rows have no pack.
-    return {(r["impl"], r["hdim"], r["mask"], r.get("pack") or r["seqlen"]): r
+    # bench_varlen.py rows name their pack (uniform packs carry a seqlen too); bench_attn.py rows have no pack;
+    # bench_window.py rows name their case instead of a mask.
+    return {(r["impl"], r["hdim"], r.get("mask") or r["case"], r.get("pack") or r["seqlen"]): r
             for r in doc["rows"] if r.get("status") == "ok"}
 
 

@@ -21,7 +21,7 @@ import pytest
 from flash_attn_dash import variants
 from flash_attn_dash.launch import bwd_launch
 from flash_attn_dash.schedule import TileGrid, build_plan
-from flash_attn_dash.schedule.orders import NONDETERMINISTIC_CLAIM_HEADS, claim_group, fallback_reason
+from flash_attn_dash.schedule.orders import claim_group, fallback_reason
 from host_cpp import build_host_program
 
 
@@ -158,9 +158,9 @@ def mirror_binary(tmp_path_factory):
 
 
 def _plan(case, deterministic: bool = True, heads_kv: int | None = None, fold: bool = False):
+    """The model's plan of a case (``deterministic`` changes nothing: both modes claim in the same groups)."""
     mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, *window = case
-    claim_heads = None if deterministic else NONDETERMINISTIC_CLAIM_HEADS
-    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, heads_kv=heads_kv, claim_heads=claim_heads,
+    return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, heads_kv=heads_kv,
                       window=tuple(window[0]) if window else (-1, -1), fold=fold)
 
 
@@ -168,8 +168,7 @@ def _group(plan, deterministic: bool) -> int:
     if plan.schedule_used not in DYNAMIC:
         return 1
     grid_heads = plan.heads_kv if plan.fold > 1 else plan.heads
-    return claim_group(plan.grid.num_m, plan.batch * grid_heads, plan.num_ctas) if deterministic \
-        else NONDETERMINISTIC_CLAIM_HEADS
+    return claim_group(plan.grid.num_m, plan.batch * grid_heads, plan.num_ctas)
 
 
 def _run(exe: Path, lines: list[str]) -> list:
@@ -415,7 +414,7 @@ def test_policy_preconditions_match_the_models_fallbacks(mirror_binary):
 
 def test_mirror_nondeterministic_walk(mirror_binary):
     """Non-deterministic launches (what flash_attn_dash.launch decides for the kernels' tiles: the walk, its grid,
-    head-major claims) step exactly like the model's plan of that walk, whatever schedule was requested."""
+    its claim groups) step exactly like the model's plan of that walk, whatever schedule was requested."""
     cases = []
     for h in variants.HEAD_DIMS:
         bm, bn = variants.bwd_tile(h.qk)

@@ -9,6 +9,7 @@ import pytest
 
 from flash_attn_dash.schedule import SCHEDULES, ScheduleError, applicable, build_plan, bwd_tile_shape
 from flash_attn_dash.schedule.orders import claim_group
+from flash_attn_dash.schedule.simulate import simulate
 from flash_attn_dash.schedule.tiles import TileGrid
 
 GRIDS = (1, 7, 78, 114, 132)
@@ -348,3 +349,15 @@ def test_large_plan_is_fast():
     plan.check()
     assert plan.num_steps == 32 * 128 * 128
     assert time.monotonic() - start < 10
+
+
+def test_claim_groups_balance_causal_tiles():
+    """The dynamic grid's claim groups (both modes) against head-major claims on causal tiles, where the last head's
+    longest tiles would be claimed at the end of the run while the other CTAs idle."""
+    for seqlen, batch in ((2048, 8), (8192, 2), (16384, 1)):
+        grid = TileGrid("causal", seqlen, seqlen, 64, 96)
+        group = claim_group(grid.num_m, batch * 8, 132)
+        assert group > 1
+        span = {g: simulate(build_plan("causal", seqlen, seqlen, 64, 96, batch, 8, 132, "descending", claim_heads=g),
+                            1.0, 0.0).makespan for g in (1, group)}  # r = 0: the balance of the claims alone
+        assert span[group] < 0.98 * span[1], (seqlen, group, span)

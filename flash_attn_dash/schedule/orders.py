@@ -209,11 +209,6 @@ def claim_group(num_m: int, batch_heads: int, num_ctas: int) -> int:
     return 1 << (int(want).bit_length() - 1) if want >= 1 else 1
 
 
-NONDETERMINISTIC_CLAIM_HEADS = 1
-"""Claim group of non-deterministic backwards on the dynamic grid: head-major (the most L2 reuse), since unordered
-adds form no rank chains to spread out (measured faster than grouped claims on the H200 at hdim 128 full 512-2k)."""
-
-
 def num_ctas(schedule: str, grid: TileGrid, batch_heads: int, num_sms: int) -> int:
     """Persistent CTAs of ``schedule`` (the order that runs, not a fallen-back request): one per work unit at most
     (a tile, or a pair of tiles on symmetric_shift's pair grid), and at most ``num_sms``."""
