@@ -157,14 +157,14 @@ def mirror_binary(tmp_path_factory):
     return build_host_program(tmp_path_factory, "mirror", MIRROR_CPP)
 
 
-def _plan(case, deterministic: bool = True, heads_kv: int | None = None, fold: bool = False):
-    """The model's plan of a case (``deterministic`` changes nothing: both modes claim in the same groups)."""
+def _plan(case, heads_kv: int | None = None, fold: bool = False):
+    """The model's plan of a case (either mode: both claim in the same groups)."""
     mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, *window = case
     return build_plan(mask, sq, sk, bm, bn, batch, heads, num_sms, schedule, heads_kv=heads_kv,
                       window=tuple(window[0]) if window else (-1, -1), fold=fold)
 
 
-def _group(plan, deterministic: bool) -> int:
+def _group(plan) -> int:
     if plan.schedule_used not in DYNAMIC:
         return 1
     grid_heads = plan.heads_kv if plan.fold > 1 else plan.heads
@@ -213,11 +213,10 @@ def _assert_steps_match(case, plan, body) -> None:
                              f"model {expect[bad].tolist()}")
 
 
-def _check_cases(exe: Path, cases: list[tuple], deterministic: bool = True, heads_kv: int | None = None,
-                 fold: bool = False) -> None:
+def _check_cases(exe: Path, cases: list[tuple], heads_kv: int | None = None, fold: bool = False) -> None:
     """Walk the policy the model plans for each case (what the launch decides) and compare every step."""
-    plans = [_plan(c, deterministic, heads_kv, fold) for c in cases]
-    lines = [_line(*c[:7], p.num_ctas, _group(p, deterministic), p.schedule_used, p.grid.window, p.heads_kv, fold)
+    plans = [_plan(c, heads_kv, fold) for c in cases]
+    lines = [_line(*c[:7], p.num_ctas, _group(p), p.schedule_used, p.grid.window, p.heads_kv, fold)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(exe, lines)):
         _assert_steps_match(case, plan, body)
@@ -423,11 +422,11 @@ def test_mirror_nondeterministic_walk(mirror_binary):
             for g in (1, 78, 132):
                 for requested in variants.schedules_for(mask):
                     launch = bwd_launch(mask == "causal", h.qk, sq, sk, 2, 3, g, False, requested)
-                    plan = _plan((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule), deterministic=False)
+                    plan = _plan((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule))
                     assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
-                    assert _group(plan, False) == launch.claim_group
+                    assert _group(plan) == launch.claim_group
                     cases.append((mask, sq, sk, bm, bn, 2, 3, g, launch.schedule))
-    _check_cases(mirror_binary, cases, deterministic=False)
+    _check_cases(mirror_binary, cases)
 
 
 def _fold_cases(group: int) -> list[tuple]:
@@ -455,7 +454,7 @@ def test_mirror_gqa_fold(mirror_binary, group):
     heads_kv = 8 // group
     cases = _fold_cases(group)
     plans = [_plan(c, heads_kv=heads_kv, fold=group > 1) for c in cases]
-    lines = [_line(*c[:7], p.num_ctas, _group(p, True), p.schedule_used, p.grid.window, heads_kv, fold=True)
+    lines = [_line(*c[:7], p.num_ctas, _group(p), p.schedule_used, p.grid.window, heads_kv, fold=True)
              for c, p in zip(cases, plans)]
     for case, plan, body in zip(cases, plans, _run(mirror_binary, lines)):
         _assert_steps_match(case, plan, body)
@@ -492,8 +491,8 @@ def test_gqa_fold_launch_decision():
             plan = build_plan(model_mask(True, window), 8192, 8192, 128, 128, 1, 64, 132, launch.schedule,
                               heads_kv=8, claim_heads=launch.claim_group, window=window, fold=True)
             assert (plan.schedule_used, plan.num_ctas) == (launch.schedule, launch.grid)
-            if launch.schedule in DYNAMIC and det:
-                assert launch.claim_group == _group(plan, True)
+            if launch.schedule in DYNAMIC:
+                assert launch.claim_group == _group(plan)
             assert not bwd_launch(True, 64, 8192, 8192, 1, 64, 132, det, "auto", window, 64).gqa_fold
     with pytest.raises(ValueError, match="heads_k"):
         bwd_launch(True, 64, 1024, 1024, 1, 6, 132, True, "auto", (-1, -1), 4)
