@@ -11,7 +11,9 @@
 # translation units compile), and prints research/compare_runs.py's ratios of every variant to the installed build.
 # AB_PREBUILT=DIR: a variant whose folder DIR/<name> exists (<name>: the patch's file name without .patch, a stack's
 # names joined by +) links the `make kernels` objects there that were compiled from the patched tree (setup.py checks
-# each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling.
+# each one's digest stamp and compiles any other), so the call spends its time measuring instead of compiling. A
+# variant that touches neither hopper/, csrc/, setup.py nor build_config.py (host Python only) is not rebuilt while
+# the installed extension is still the clean tree's (no kernel variant before it in this call).
 # AB_TESTS="test_bwd_gpu ..." (tests/ files) and AB_SANITIZE="bwd fwd" (tests/sanitize_*.py under the tools
 # AB_SANITIZE_TOOLS, racecheck and synccheck by default) check each variant after its build and before its bench, on what it compiled
 # (FLASH_DASH_TEST_BUILT_ONLY=1, AB_TEST_FILTER as pytest -k); the tests' last lines are printed. AB_NO_BENCH=1: only
@@ -48,6 +50,14 @@ check() {  # check NAME: AB_TESTS and AB_SANITIZE on the variant just built (gpu
     | sed "s/^/$1: /"
 }
 finish() { tar -czf "$OUTDIR/ab.tgz" -C "$OUTDIR" ab && rm -rf "$AB"; }
+kernel_change() {  # kernel_change PATCH...: whether the patches touch what the extension compiles
+  local p
+  for p in "$@"; do
+    git apply --numstat "$p" | cut -f3 | grep -qE '^(hopper|csrc)/|^(setup|build_config)\.py$' && return 0
+  done
+  return 1
+}
+rebuilt=0  # whether a variant has replaced the installed extension
 revert() {  # revert PATCH...: undo applied patches, the last one first
   local i
   for ((i = $# ; i >= 1; i--)); do git apply -R "${!i}"; done
@@ -66,12 +76,18 @@ for arg in "$@"; do
   SECONDS=0
   prebuilt=()
   [ -n "${AB_PREBUILT:-}" ] && [ -d "$AB_PREBUILT/$name" ] && prebuilt=("FLASH_DASH_PREBUILT_DIR=$AB_PREBUILT/$name")
+  if [ "$rebuilt" = 0 ] && ! kernel_change "${patches[@]}"; then
+    echo "$name: no kernel change, runs on the installed build (editable: its Python is the patched tree's)"
+    check "$name"
+    bench "$name" && jsons+=("$AB/bench-$name.json")
   # shellcheck disable=SC2086
-  if env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
+  elif env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
+    rebuilt=1
     echo "$name: built in ${SECONDS}s"
     check "$name"
     bench "$name" && jsons+=("$AB/bench-$name.json")
   else
+    rebuilt=1
     echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
   fi
   revert "${patches[@]}"
