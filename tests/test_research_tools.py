@@ -139,3 +139,26 @@ def test_varlen_fwd_claims_model():
     assert vb.claimed_balance([3, 1, 1, 1, 2], 2, False) == 0.8
     assert vb.claimed_balance([3, 1, 1, 1, 2], 2, True) == 1.0
     assert vb.balance([3, 1, 1, 1, 2], 2, False) == 4 / 6
+
+
+def test_patch_ab_relinks_only_for_kernel_changes(tmp_path):
+    """research/patch_ab.sh's kernel_change: a patch touching what the extension compiles needs a relink, a
+    Python-only one runs on the installed build."""
+    with open(os.path.join(ROOT, "research", "patch_ab.sh")) as f:
+        script = f.read()
+    func = script[script.index("kernel_change() {"):]
+    func = func[:func.index("\n}\n") + 3]
+
+    def patch(name: str, paths: list[str]):
+        body = "".join(f"--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-x\n+y\n" for p in paths)
+        (tmp_path / name).write_text(body)
+        return tmp_path / name
+
+    cases = {patch("host.patch", ["flash_attn_dash/launch.py", "tests/test_x.py"]): 1,
+             patch("hopper.patch", ["flash_attn_dash/variants.py", "hopper/generated/bwd_hdim256_bf16.cu"]): 0,
+             patch("binding.patch", ["csrc/flash_api.cpp"]): 0,
+             patch("setup.patch", ["setup.py"]): 0}
+    for path, rc in cases.items():
+        res = subprocess.run(["bash", "-c", f'{func}\nkernel_change "$1"', "-", str(path)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == rc, (path.name, res.stderr)
