@@ -13,7 +13,8 @@
 # SANITIZE_TOOLS (racecheck synccheck), SANITIZE_TIMEOUT (per tool, default 450 s: the backward racecheck of hdim
 # 64/128/256 takes ~430 s on an H100), SANITIZE_HDIMS (the head dims the sanitizer scripts run, default all),
 # ATTN_ARGS / BLOCK_ARGS (passed to the benchmarks), NCU_ARGS / NCU_TAG (the ncu step: research/ncu_attn.py's
-# arguments and the name of its text reports). FlashAttention-4 rows need FA4 importable: source
+# arguments and the name of its text reports), NCU_EXTRA (more ncu options, e.g. "--section MemoryWorkloadAnalysis
+# --metrics lts__t_sectors_op_red.sum" for the L2 side of the dQ reduce-adds). FlashAttention-4 rows need FA4 importable: source
 # .fa4/pK/stage.sh first (../shared/tools/fa4/prepare.sh). Logs and this call's new results come back in OUTDIR as
 # two tars (logs.tar, results.tar) and summary.txt.
 set -u -o pipefail
@@ -97,7 +98,7 @@ if has ncu; then  # Nsight Compute side by side (research/ncu_attn.py NCU_ARGS):
   # shellcheck disable=SC2086
   run "ncu-${NCU_TAG:-probe}" "${NCU_TIMEOUT:-300}" ncu --profile-from-start off --clock-control none \
     --section SpeedOfLight --section WarpStateStats --section SourceCounters --section InstructionStats \
-    --section SchedulerStats --section LaunchStats --section Occupancy -f -o "$rep" \
+    --section SchedulerStats --section LaunchStats --section Occupancy ${NCU_EXTRA:-} -f -o "$rep" \
     python3 research/ncu_attn.py ${NCU_ARGS:-}
   if [ -f "$rep.ncu-rep" ]; then
     ncu -i "$rep.ncu-rep" --page details --print-details all 2>&1 | gzip > "$rep-details.txt.gz"
