@@ -78,18 +78,19 @@ for arg in "$@"; do
   [ -n "${AB_PREBUILT:-}" ] && [ -d "$AB_PREBUILT/$name" ] && prebuilt=("FLASH_DASH_PREBUILT_DIR=$AB_PREBUILT/$name")
   if [ "$rebuilt" = 0 ] && ! kernel_change "${patches[@]}"; then
     echo "$name: no kernel change, runs on the installed build (editable: its Python is the patched tree's)"
-    check "$name"
-    bench "$name" && jsons+=("$AB/bench-$name.json")
-  # shellcheck disable=SC2086
-  elif env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . > "$AB/build-$name.log" 2>&1; then
-    rebuilt=1
-    echo "$name: built in ${SECONDS}s"
-    check "$name"
-    bench "$name" && jsons+=("$AB/bench-$name.json")
   else
     rebuilt=1
-    echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
+    # shellcheck disable=SC2086
+    if ! env $AB_BUILD "${prebuilt[@]}" python3 -m pip install --no-build-isolation --no-deps -v -e . \
+        > "$AB/build-$name.log" 2>&1; then
+      echo "$name: build failed"; grep -m 20 error "$AB/build-$name.log"
+      revert "${patches[@]}"
+      continue
+    fi
+    echo "$name: built in ${SECONDS}s"
   fi
+  check "$name"
+  bench "$name" && jsons+=("$AB/bench-$name.json")
   revert "${patches[@]}"
 done
 [ "${#jsons[@]}" -gt 0 ] && python3 research/compare_runs.py "$AB/bench-installed.json" "${jsons[@]}" | tee "$AB/compare.txt"
