@@ -130,12 +130,13 @@ HEAD_DIMS: tuple[HeadDim, ...] = (
             fwd_causal=FwdTile(128, 64, kv_stages=2),
             bwd=BwdTile(64, 64, producer_regs=24, mma_regs=240, q_stages=1, do_stages=1, swap_dkv=True),
             fwd_inline_steps=True),
-    # DeepSeek-V3's MLA (qk 192, v 128), hdim 192's tiles, not in the default build until its GPU tests pass: V, O,
-    # dO and dV are narrower, so the forward's O staging tile fits beside Q and the K/V stages (O leaves by TMA) and
-    # the backward keeps 20 KB of shared memory spare.
+    # DeepSeek-V3's MLA (qk 192, v 128), opt-in (its four units would lengthen every default build). V's 128 columns
+    # keep the forward's O accumulator at hdim 128's size, so it runs FA4's 128 x 128 tiles (faster than 128 x 96 in
+    # an A/B); Q and two K/V stages then fill the shared memory and O leaves from registers. The backward has hdim
+    # 192's tiles with 20 KB of shared memory spare (a second dO stage there measured slower).
     HeadDim(192, 128,
-            fwd_full=FwdTile(128, 96, kv_stages=2, l2_prefetch=True),
-            fwd_causal=FwdTile(128, 96, kv_stages=2),
+            fwd_full=FwdTile(128, 128, kv_stages=2, l2_prefetch=True),
+            fwd_causal=FwdTile(128, 128, kv_stages=2),
             bwd=BwdTile(64, 96, producer_regs=24, mma_regs=240, q_stages=2, do_stages=1, swap_dkv=True),
             default_build=False, fwd_inline_steps=True),
 )

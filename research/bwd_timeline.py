@@ -1,12 +1,13 @@
 """Where the backward's dQ-store warps spend their time: a diagnostic for the determinism tax.
 
-    python research/bwd_timeline.py [--hdim 128] [--seqlen 2k,4k,8k] [--json OUT.json]
+    python research/bwd_timeline.py [--hdim 128] [--seqlen 2k,4k,8k] [--json OUT.json] [--raw OUT.npz]
 
 Kernels built with ``FLASH_DASH_BWD_TIMELINE=1`` (``NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1`` when compiling
 ``hopper/``) record, for every dQ contribution (b, h, m, rank), the fields of ``FIELDS`` (layout in
 ``hopper/bwd/timeline.hpp``). :func:`record` runs one backward with such a build and returns the records;
 :func:`summarize` reduces them to the numbers that separate rank-chain stalls (time a store warp waits for the
-contribution ranked before its own) from the rest. Production builds ignore the buffer; :func:`record` then raises.
+contribution ranked before its own) from the rest; :func:`tile_transitions` what a CTA spends between K/V tiles.
+Production builds ignore the buffer; :func:`record` then raises.
 The command line records one backward per schedule of each DASH-grid shape (bf16, 16k tokens, hidden 2048),
 deterministic and not, after one untimed warm-up call, and prints the summaries.
 """
@@ -104,19 +105,52 @@ def summarize(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> d
     }
 
 
+def tile_transitions(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> dict[str, Any]:
+    """How long a CTA spends between K/V tiles, from :func:`record`'s output: per CTA, each contribution's *ready*
+    time (``seen_ns`` plus the wait for the MMA warpgroups' tile: when the store warp had the step's dQ) in time
+    order; ``step_us`` is the interval between consecutive steps of one tile, ``tile_gap_us`` the interval from a
+    tile's last step to the next tile's first, and ``tile_overhead_us`` their medians' difference (what a tile
+    transition costs beyond a step: epilogue, K/V loads, pipeline refill, claim). ``gap_share`` is the transitions'
+    part of the CTAs' time from first to last ready step, beyond one step each."""
+    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
+    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
+        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+    flat = rec[rec[..., 4] >= 0]
+    ready = flat[:, 0] * 1e-3 + flat[:, 2] * (1e-3 / clock_ghz)
+    cta, step = flat[:, 4] >> 32, flat[:, 4] & 0xFFFFFFFF
+    order = np.lexsort((ready, cta))
+    ready, cta, step = ready[order], cta[order], step[order]
+    same_cta = cta[1:] == cta[:-1]
+    gap = np.diff(ready)
+    starts_tile = step[1:] == 0  # the next contribution is a tile's first step (GQA-folded walks restart per sibling)
+    steps, tiles = gap[same_cta & ~starts_tile], gap[same_cta & starts_tile]
+    span = sum(float(ready[cta == g].max() - ready[cta == g].min()) for g in np.unique(cta))
+    step_med = float(np.median(steps)) if steps.size else 0.0
+    overhead = float(np.median(tiles)) - step_med if tiles.size else 0.0
+    return {
+        "step_us": _stats(steps),
+        "tile_gap_us": _stats(tiles),
+        "tile_overhead_us": overhead,
+        "transitions": int(tiles.size),
+        "gap_share": float(np.clip(tiles - step_med, 0, None).sum() / span) if span > 0 else 0.0,
+    }
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hdim", default="128", help="comma list of head dims (default 128)")
     ap.add_argument("--seqlen", default="2k,4k,8k", help="comma list (default 2k,4k,8k)")
     ap.add_argument("--clock-ghz", type=float, default=1.98, help="SM clock for cycles -> us (default 1.98)")
     ap.add_argument("--json", help="write every summary here")
+    ap.add_argument("--raw", help="also save every run's records here (numpy .npz, one array per run)")
     args = ap.parse_args(argv)
     common.require_cuda("bwd_timeline.py")
     from flash_attn_dash.ops import fwd
 
     rows = []
     print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
-          f"  wait_mma  store  pred share  rank gap us")
+          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share")
+    raw = {}
     for hdim in (int(x) for x in args.hdim.split(",")):
         for causal in (False, True):
             mask = "causal" if causal else "full"
@@ -128,15 +162,23 @@ def main(argv=None) -> int:
                 runs = [(name, True) for name in variants.schedules_for(mask)] + [("auto", False)]
                 for schedule, det in runs:
                     record(dout, q, k, v, out, lse, causal, schedule, det)  # warm-up
-                    wp = summarize(record(dout, q, k, v, out, lse, causal, schedule, det), args.clock_ghz)
+                    tl = record(dout, q, k, v, out, lse, causal, schedule, det)
+                    wp = summarize(tl, args.clock_ghz)
+                    tr = tile_transitions(tl, args.clock_ghz)
                     label = schedule if det else "(non-det walk)"
                     rows.append({"hdim": hdim, "causal": causal, "seqlen": s, "schedule": label,
-                                 "deterministic": det, **wp})
+                                 "deterministic": det, **wp, "transitions": tr})
+                    if args.raw:
+                        raw[f"{hdim}-{mask}-{s}-{schedule}-{'det' if det else 'nondet'}"] = tl.cpu().numpy()
                     print(f"{hdim:>4} {mask:>6} {s:>6} {label:>16} {'yes' if det else 'no':>3}"
                           f"  {wp['wait_pred_us']['mean']:6.2f} ({wp['wait_pred_first_step_us']['mean']:6.2f}"
                           f"/{wp['wait_pred_later_steps_us']['mean']:5.2f})"
                           f"  {wp['wait_mma_us']['mean']:8.2f}  {wp['store_us']['mean']:5.2f}"
-                          f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}", flush=True)
+                          f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}"
+                          f"  {tr['step_us']['median']:6.2f} / {tr['tile_gap_us']['median']:7.2f}"
+                          f"  {tr['gap_share']:8.1%}", flush=True)
+    if args.raw:
+        np.savez_compressed(args.raw, **raw)
     if args.json:
         Path(args.json).write_text(json.dumps({"meta": common.collect_metadata(argv), "rows": rows}, indent=1))
     return 0

@@ -183,7 +183,7 @@ def test_info_reports_the_build_and_the_table(capsys):
     assert ("kernels built:" in out) != ("NO CUDA KERNELS BUILT" in out)
     for h in variants.HEAD_DIMS:
         assert f"head dim {h.label}:" in out
-    assert "head dim (192, 128): forward 128x96 (full)" in out
+    assert "head dim (192, 128): forward 128x128 (full)" in out
     for s in variants.SCHEDULES:
         assert f"schedule {s.name} (id {s.id})" in out
 

@@ -62,7 +62,7 @@ def test_v_head_dim_reaches_the_generated_units():
     files = generate.files()
     fwd = files[generate.GENERATED / "fwd_hdim192v128_bf16.cu"]
     bwd = files[generate.GENERATED / "bwd_hdim192v128_bf16.cu"]
-    assert "FwdKernelTraits<192, 128, 96, 2, cutlass::bfloat16_t, 1, true, 128>" in fwd
+    assert "FwdKernelTraits<192, 128, 128, 2, cutlass::bfloat16_t, 1, true, 128>" in fwd
     assert "BwdTraits<cutlass::bfloat16_t, 192, 64, 96, 24, 240, 2, 1, true, 128>" in bwd
     assert "CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED" in bwd  # keys split in halves of 48
     assert '{"fwd_hdim192v128_bf16", 192, 128, at::kBFloat16' in files[generate.KERNEL_TABLE]

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from research.bwd_timeline import FIELDS, record, summarize
+from research.bwd_timeline import FIELDS, record, summarize, tile_transitions
 
 
 def _synthetic():
@@ -34,9 +34,30 @@ def test_summarize_synthetic_records():
     assert s["rank_gap_us"]["median"] == pytest.approx(3.0)  # gaps 3, 5 (tile 0) and 1 (tile 1)
 
 
+def test_tile_transitions_separate_steps_from_tile_changes():
+    """One CTA runs K/V tile 0 (steps 0-2 into dQ tiles 0-2) then tile 1 (steps 0-1 into dQ tiles 2, 1); its steps
+    are ready every 4 us, the change of tile takes 10 us; a second CTA's record must not join its sequence."""
+    rec = np.full((1, 1, 3, 3, len(FIELDS)), -1, dtype=np.int64)
+    #    dQ tile m, rank     seen_ns  wait_pred  wait_mma  store  (cta << 32) | step
+    rec[0, 0, 0, 0] = (1000, 0, 1000, 500, (0 << 32) | 0)   # ready 2 us
+    rec[0, 0, 1, 0] = (6000, 0, 0, 500, (0 << 32) | 1)      # ready 6
+    rec[0, 0, 2, 0] = (9000, 0, 1000, 500, (0 << 32) | 2)   # ready 10
+    rec[0, 0, 2, 1] = (20000, 0, 0, 500, (0 << 32) | 0)     # ready 20: tile gap 10
+    rec[0, 0, 1, 1] = (23000, 0, 1000, 500, (0 << 32) | 1)  # ready 24
+    rec[0, 0, 0, 1] = (15000, 0, 0, 500, (1 << 32) | 0)     # CTA 1, alone
+    t = tile_transitions(rec, clock_ghz=1.0)
+    assert t["step_us"]["median"] == pytest.approx(4.0)
+    assert t["tile_gap_us"]["median"] == pytest.approx(10.0)
+    assert t["tile_overhead_us"] == pytest.approx(6.0)
+    assert t["transitions"] == 1
+    assert t["gap_share"] == pytest.approx(6.0 / 22.0)  # CTA 0 spans 2..24 us, CTA 1 none
+
+
 def test_summarize_rejects_bad_shapes():
     with pytest.raises(ValueError, match="timeline must have shape"):
         summarize(np.zeros((2, 3, 4)))
+    with pytest.raises(ValueError, match="timeline must have shape"):
+        tile_transitions(np.zeros((2, 3, 4)))
 
 
 @pytest.mark.gpu
@@ -65,3 +86,7 @@ def test_record_on_gpu():
     assert bool((tl[..., 1:4][valid] >= 0).all())
     s = summarize(tl)
     assert s["steps"] == int(valid.sum())
+    # Every K/V tile has one step 0; a CTA's tiles follow each other, so transitions = tiles - CTAs that ran one.
+    packed = tl[..., 4][valid]
+    tiles, ctas = int(((packed & 0xFFFFFFFF) == 0).sum()), int(torch.unique(packed >> 32).numel())
+    assert tile_transitions(tl)["transitions"] == tiles - ctas

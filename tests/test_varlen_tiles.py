@@ -23,7 +23,7 @@ HEADER = Path(__file__).resolve().parents[1] / "hopper" / "common" / "varlen.hpp
 INT_MAX = 2**31 - 1
 HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS = 0, 1, 2  # VarlenTileOrder
 
-# Reads cases of: batch chunk rows heads heads_k key_blocks order grid grouped fold_q fold_k total_q total_k max_q max_k
+# Reads cases of: batch chunk rows heads heads_k key_blocks order grid fold_q fold_k total_q total_k max_q max_k
 # has_used_q has_used_k,
 # then cu_q (batch+1), cu_k (batch+1), [used_q (batch)], [used_k (batch)]. Prints "E key" for a bad pack, else the
 # views "V q_start k_start len_q len_k m_start n_start folded" (64-row query and 128-row key blocks) and the table
@@ -38,11 +38,11 @@ MIRROR_CPP = r"""
 using namespace flash_dash;
 
 int main() {
-    int batch, chunk, rows, heads, heads_k, key_blocks, order, grid, grouped, fold_q, fold_k, total_q, total_k, max_q,
-        max_k, has_uq, has_uk;
-    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k,
-                      &key_blocks, &order, &grid, &grouped, &fold_q, &fold_k, &total_q, &total_k, &max_q, &max_k,
-                      &has_uq, &has_uk) == 17) {
+    int batch, chunk, rows, heads, heads_k, key_blocks, order, grid, fold_q, fold_k, total_q, total_k, max_q, max_k,
+        has_uq, has_uk;
+    while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d %d %d %d %d", &batch, &chunk, &rows, &heads, &heads_k,
+                      &key_blocks, &order, &grid, &fold_q, &fold_k, &total_q, &total_k, &max_q, &max_k, &has_uq,
+                      &has_uk) == 16) {
         std::vector<int> cu_q(batch + 1), cu_k(batch + 1), uq(batch), uk(batch);
         for (int& x : cu_q) std::scanf("%d", &x);
         for (int& x : cu_k) std::scanf("%d", &x);
@@ -62,7 +62,7 @@ int main() {
             if (key < first) first = key;
         }
         if (first != INT_MAX) { std::printf("E %d\nEND\n", first); continue; }
-        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128, grid, grouped != 0, fold_q, fold_k};
+        VarlenTiling const t{rows, heads, heads_k, key_blocks != 0, order, 64, 128, grid, fold_q, fold_k};
         int m_start = 0, n_start = 0;
         for (int i = 0; i < batch; ++i) {
             VarlenSeq const s = varlen_seq(a, i, t);
@@ -124,7 +124,7 @@ def _run(exe, cases: list[dict]) -> list[list[str]]:
     for c in cases:
         b = len(c["cu_q"]) - 1
         head = [b, c["chunk"], c["rows"], c["heads"], c["heads_k"], int(c["key_blocks"]), c["order"],
-                c.get("grid", 132), int(c.get("grouped", True)), *c.get("fold", (INT_MAX, INT_MAX)), c["total_q"],
+                c.get("grid", 132), *c.get("fold", (INT_MAX, INT_MAX)), c["total_q"],
                 c["total_k"], c["max_q"], c["max_k"], int(c["used_q"] is not None), int(c["used_k"] is not None)]
         body = c["cu_q"] + c["cu_k"] + (c["used_q"] or []) + (c["used_k"] or [])
         lines.append(" ".join(map(str, head + body)))
@@ -208,7 +208,7 @@ def _model(c: dict) -> list[str]:
             total = sum(tile_heads(j) * -(-((ln[1] if ln[0] > 0 else 0) if c["key_blocks"] else ln[0]) // c["rows"])
                         for j, ln in enumerate(lens))
             ctas = min(c.get("grid", 132), total)
-            hg = claim_group(-(-lq // 64), heads, ctas) if c.get("grouped", True) else 1
+            hg = claim_group(-(-lq // 64), heads, ctas)
             slot, n = claimed_tiles(np.arange(heads * blocks), blocks, hg, heads)
             head = slot_heads(slot, heads, heads_k)
             table += [f"T {i} {nn * heads + hh}" for hh, nn in zip(head.tolist(), n.tolist())]
@@ -235,8 +235,7 @@ def test_table_and_views_match_the_model(mirror):
         heads_k = rng.choice([1, 2])
         c.update(chunk=rng.choice([1, 3, 4, 1024]), rows=rng.choice([64, 128, 192]),
                  heads=heads_k * rng.choice([1, 3, 4, 16]), heads_k=heads_k, key_blocks=rng.random() < 0.5,
-                 order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]), grid=rng.choice([4, 33, 132]),
-                 grouped=rng.random() < 0.7)
+                 order=rng.choice([HEADS_OUTER, LONGEST_FIRST, KEY_CLAIMS]), grid=rng.choice([4, 33, 132]))
         if c["key_blocks"] and c["order"] == KEY_CLAIMS and rng.random() < 0.5:
             c["fold"] = (rng.choice([0, 1, 3]), rng.choice([2, 65, 129]))
         cases.append(c)

@@ -45,7 +45,7 @@ class MeasuredPreference:
     source: str
 
 
-# Measured on our H200 where the model's tie rule would pick otherwise (dynamic-grid ascending/descending, tree
+# Measured on our H200 (hdim 256: H100) where the model's tie rule would pick otherwise (dynamic-grid ascending/descending, tree
 # 881345f, full grid 0458 plus the claim-group sweep). Full masks: the model puts ascending, descending and shift within
 # 1% of each other; shift measured fastest or tied at every point (e.g. hdim 128 2k/16k: 508/585 vs ascending
 # 494/563, descending 504/573). Causal: the model puts descending 2-3% ahead of symmetric_shift (it does not model the
@@ -53,6 +53,11 @@ class MeasuredPreference:
 # faster at hdim 128 2k-16k in both runs. Outside these ranges the model decides.
 _GRID = "benchmarks/results/2026-11-30-0458-attn.json"
 _SWEEP = "benchmarks/results/2026-11-30-0450-claim-spread-sweep.md"
+# hdim 256 causal: descending's tiles all open on the head's last Q tile, and at this head dim a rank hand-off
+# (reduce-add of 64 KB, then its completion) is half a step, so the first step of a tile waits ~19 us on the chain
+# (the store-warp timeline 2026-12-06-0802); symmetric_shift's pairs start staggered (1 us).
+_HDIM256_A = "benchmarks/results/2026-12-06-0803-hdim256-orders-fa4-h100.json.gz"
+_HDIM256_B = "benchmarks/results/2026-12-06-0817-hdim256-causal-orders-h100.json.gz"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
     MeasuredPreference("full", 64, 512, 16384, "shift",
                        f"{_GRID}: shift 314/407/482/528/546/537 vs ascending 312/400/477/516/540/527 TFLOP/s "
@@ -68,6 +73,9 @@ MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
     MeasuredPreference("causal", 128, 2048, 16384, "descending",
                        f"{_GRID}: descending 424/506/555/578 vs symmetric_shift 414/497/551/557 TFLOP/s at 2k-16k; "
                        f"{_SWEEP}: 424/505/559 vs 418/498/551 at 2k-8k"),
+    MeasuredPreference("causal", 256, 1024, 16384, "symmetric_shift",
+                       f"{_HDIM256_A} and {_HDIM256_B} (H100): symmetric_shift 217/269/305/325/339 vs descending "
+                       "197/250/284/301/309 TFLOP/s at 1k/2k/4k/8k/16k"),
 )
 
 

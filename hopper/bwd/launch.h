@@ -246,7 +246,7 @@ void run_bwd(BwdParams const& p, void* workspace, cudaStream_t stream) {
         VarlenArgs a = p.varlen;
         a.workspace = ws + w.varlen;
         VarlenTiling tiling{kBlockN, p.num_heads, p.num_heads_k, /*key_blocks=*/true, kVarlenKeyClaims, kBlockM,
-                            kBlockN, p.grid, /*grouped_claims=*/p.deterministic};
+                            kBlockN, p.grid};
         if (p.gqa_fold) {
             tiling.fold_min_len_q = p.fold_min_len_q;
             tiling.fold_min_len_k = p.fold_min_len_k;

@@ -160,7 +160,6 @@ struct VarlenTiling {
     int order;  // VarlenTileOrder
     int q_rows, k_rows;
     int grid;                   // kVarlenKeyClaims: the launched grid (claim groups use min(grid, tiles))
-    bool grouped_claims;        // kVarlenKeyClaims: claim groups by varlen_claim_group (deterministic), else 1 head
     // GQA-folded backward kernels: a sequence folds when its used lengths exceed both (where its own window bounds
     // both sides, flash_attn_dash.launch.varlen_fold_lengths); INT_MAX: no sequence does.
     int fold_min_len_q = INT_MAX, fold_min_len_k = INT_MAX;
@@ -177,9 +176,9 @@ FLASH_DASH_HD int varlen_tile_heads(VarlenSeq const& s, VarlenTiling const& t) {
 }
 
 // The claim group of a sequence with num_m query tiles and `heads` tile heads in a table of `tiles` tiles (1 but for
-// grouped key claims).
+// key claims). Both modes group: head-major claims would leave a causal sequence's last head's longest tiles late.
 FLASH_DASH_HD int varlen_group(VarlenTiling const& t, int num_m, int heads, int tiles) {
-    if (t.order != kVarlenKeyClaims || !t.grouped_claims) { return 1; }
+    if (t.order != kVarlenKeyClaims) { return 1; }
     return varlen_claim_group(num_m, heads, t.grid < tiles ? t.grid : tiles);
 }
 

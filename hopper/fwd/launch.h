@@ -26,7 +26,7 @@ void launch_varlen_prepare(FwdParams const& p, cudaStream_t stream) {
     static_assert(Traits::kBlockM >= kVarlenMinRows, "the binding sizes the tile table for kVarlenMinRows-row blocks");
     VarlenTiling const tiling{Traits::kBlockM, p.num_heads, p.num_heads_k, /*key_blocks=*/false,
                               p.is_causal ? kVarlenLongestFirst : kVarlenHeadsOuter, Traits::kBlockM, Traits::kBlockN,
-                              /*grid=*/1, /*grouped_claims=*/false};
+                              /*grid=*/1};
     varlen_prepare_kernel<kVarlenPrepareThreads><<<1, kVarlenPrepareThreads, 0, stream>>>(p.varlen, p.batch, p.seqlen_q, p.seqlen_k, tiling);
     check_launch("varlen prepare kernel");
 }

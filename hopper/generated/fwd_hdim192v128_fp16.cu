@@ -5,7 +5,7 @@
 namespace flash_dash {
 
 void run_fwd_hdim192v128_fp16(FwdParams const& params, cudaStream_t stream) {
-    using Full = FwdKernelTraits<192, 128, 96, 2, cutlass::half_t, 1, true, 128>;
+    using Full = FwdKernelTraits<192, 128, 128, 2, cutlass::half_t, 1, true, 128>;
     using Causal = Full;
     launch_fwd<Full, Causal>(params, stream, /*l2_prefetch_full=*/true, /*l2_prefetch_causal=*/false);
 }
