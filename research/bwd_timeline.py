@@ -142,7 +142,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seqlen", default="2k,4k,8k", help="comma list (default 2k,4k,8k)")
     ap.add_argument("--clock-ghz", type=float, default=1.98, help="SM clock for cycles -> us (default 1.98)")
     ap.add_argument("--json", help="write every summary here")
-    ap.add_argument("--raw", help="also save every run's records here (numpy .npz, one array per run)")
+    ap.add_argument("--raw", help="also save every run's records here (numpy .npz, one array per run; ~9 MB per "
+                                   "run at 8k before compression: keep the shape list short)")
     args = ap.parse_args(argv)
     common.require_cuda("bwd_timeline.py")
     from flash_attn_dash.ops import fwd
