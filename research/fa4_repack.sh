@@ -2,13 +2,13 @@
 # On the CPU machine: re-pack FlashAttention-4's wheels (the parts ../shared/tools/fa4/prepare.sh leaves under
 # .fa4/) as one installed site folder compressed with xz, cut in two parts under .fa4x/q0 and .fa4x/q1.
 # Wheels are zip (deflate); the unpacked tree under xz is ~2/3 of their size, so FA4 travels in two device calls
-# beside prebuilt objects instead of three. Q0_MIB sets the first part's size (default 31: it rides with the cutlass
+# beside prebuilt objects instead of three. Q0_MIB sets the first part's size (default 28: it rides with the cutlass
 # wheel and a full object pack); the second part gets the rest.
 #
 #   research/fa4_repack.sh          # then: call 1 carries .fa4x/q0, call 2 .fa4x/q1, back to back, each
 #                                   # command starting `source research/fa4_stage.sh .fa4x/qK;`
 set -euo pipefail
-Q0_MIB=${Q0_MIB:-31}
+Q0_MIB=${Q0_MIB:-28}
 root=$(git rev-parse --show-toplevel)
 cd "$root"
 ls .fa4/p*/part.* > /dev/null || { echo "no .fa4 parts: run ../shared/tools/fa4/prepare.sh first" >&2; exit 1; }
