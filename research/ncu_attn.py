@@ -10,8 +10,8 @@ is warmed up outside the range, so ncu profiles exactly one call of each (a back
 preprocess, main kernel, postprocess, whatever each implementation launches). The question it answers: where our
 kernels lose to a peer's at a shape (tensor-pipe activity, stall reasons, instructions per MMA), not how fast either
 is (benchmarks/bench_attn.py). --mask full,causal profiles both masks in one run, in that order (causal beside full:
-where a causal step costs more than a full one). Shapes as bench_attn.py: 16k tokens, hidden 2048, bf16. --impl also takes
-benchmarks/bench_varlen.py's keys (dash-varlen, fa4-varlen, ...): those run the same tensors as one uniform pack of
+where a causal step costs more than a full one). Shapes as bench_attn.py: 16k tokens, hidden 2048 (heads = 2048 //
+hdim), bf16. --impl also takes benchmarks/bench_varlen.py's keys (dash-varlen, fa4-varlen, ...): those run the same tensors as one uniform pack of
 the batch's sequences (the varlen kernels beside the dense ones at equal shapes).
 """
 from __future__ import annotations

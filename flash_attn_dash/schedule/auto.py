@@ -45,17 +45,17 @@ class MeasuredPreference:
     source: str
 
 
-# Measured on our H200 (hdim 256: H100) where the model's tie rule would pick otherwise (dynamic-grid ascending/descending, tree
-# 881345f, full grid 0458 plus the claim-group sweep). Full masks: the model puts ascending, descending and shift within
-# 1% of each other; shift measured fastest or tied at every point (e.g. hdim 128 2k/16k: 508/585 vs ascending
+# Measured on our H200 (hdim 256: an H100) where the model's tie rule would pick otherwise (dynamic-grid
+# ascending/descending, tree 881345f, full grid 0458 plus the claim-group sweep). Full masks: the model puts
+# ascending, descending and shift within 1% of each other; shift measured fastest or tied at every point (e.g. hdim 128 2k/16k: 508/585 vs ascending
 # 494/563, descending 504/573). Causal: the model puts descending 2-3% ahead of symmetric_shift (it does not model the
 # claim latency); symmetric_shift measured 2-7% faster at hdim 64 everywhere and at hdim 128 512/1k, descending 1-4%
 # faster at hdim 128 2k-16k in both runs. Outside these ranges the model decides.
 _GRID = "benchmarks/results/2026-11-30-0458-attn.json"
 _SWEEP = "benchmarks/results/2026-11-30-0450-claim-spread-sweep.md"
-# hdim 256 causal: descending's tiles all open on the head's last Q tile, and at this head dim a rank hand-off
-# (reduce-add of 64 KB, then its completion) is half a step, so the first step of a tile waits ~19 us on the chain
-# (the store-warp timeline 2026-12-06-0802); symmetric_shift's pairs start staggered (1 us).
+# hdim 256 causal: descending's tiles all open on the head's last Q tile, and at this head dim a rank hand-off (a 64 KB
+# reduce-add, then its completion) is a large part of a step, so a tile's first step waits on the chain where
+# symmetric_shift's pairs start staggered (store-warp timeline: benchmarks/results/2026-12-06-0802-timeline-*).
 _HDIM256_A = "benchmarks/results/2026-12-06-0803-hdim256-orders-fa4-h100.json.gz"
 _HDIM256_B = "benchmarks/results/2026-12-06-0817-hdim256-causal-orders-h100.json.gz"
 MEASURED_PREFERENCES: tuple[MeasuredPreference, ...] = (
