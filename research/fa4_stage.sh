@@ -4,7 +4,7 @@
 # `from flash_attn.cute import flash_attn_func` works; returns 1 while a part is missing, 2 on a broken set.
 if [ -n "${1:-}" ]; then
   mkdir -p /tmp/fa4x/parts
-  cp -n "$1"/part.* /tmp/fa4x/parts/
+  for _fa4x_p in "$1"/part.*; do [ -e "/tmp/fa4x/parts/${_fa4x_p##*/}" ] || cp "$_fa4x_p" /tmp/fa4x/parts/; done
   read -r _fa4x_n _fa4x_sha < "$1/manifest"
   if [ ! -d /tmp/fa4x/site/flash_attn ] && [ "$(ls /tmp/fa4x/parts | wc -l)" -ge "$_fa4x_n" ]; then
     if [ "$(cat /tmp/fa4x/parts/part.* | sha256sum | cut -d' ' -f1)" != "$_fa4x_sha" ]; then
