@@ -62,6 +62,14 @@ def _stats(x: np.ndarray) -> dict[str, float]:
     return {"median": float(np.median(x)), "mean": float(x.mean()), "p90": float(np.percentile(x, 90))}
 
 
+def _records(timeline: torch.Tensor | np.ndarray) -> np.ndarray:
+    """:func:`record`'s output as a numpy array, its shape checked."""
+    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
+    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
+        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+    return rec
+
+
 def summarize(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> dict[str, Any]:
     """Reduce :func:`record`'s output to microsecond statistics (cycles / ``clock_ghz``).
 
@@ -72,9 +80,7 @@ def summarize(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> d
     spent waiting for predecessors), ``cta_wait_pred_ms`` (per-CTA totals: median and max) and ``rank_gap_us``
     (between consecutive ranks of one dQ tile, the time from one count being seen to the next, by %globaltimer).
     """
-    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
-    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
-        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+    rec = _records(timeline)
     valid = rec[..., 4] >= 0
     flat = rec[valid]
     to_us = 1e-3 / clock_ghz
@@ -112,9 +118,7 @@ def tile_transitions(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.9
     tile's last step to the next tile's first, and ``tile_overhead_us`` their medians' difference (what a tile
     transition costs beyond a step: epilogue, K/V loads, pipeline refill, claim). ``gap_share`` is the transitions'
     part of the CTAs' time from first to last ready step, beyond one step each."""
-    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
-    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
-        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+    rec = _records(timeline)
     flat = rec[rec[..., 4] >= 0]
     ready = flat[:, 0] * 1e-3 + flat[:, 2] * (1e-3 / clock_ghz)
     cta, step = flat[:, 4] >> 32, flat[:, 4] & 0xFFFFFFFF
@@ -124,7 +128,9 @@ def tile_transitions(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.9
     gap = np.diff(ready)
     starts_tile = step[1:] == 0  # the next contribution is a tile's first step (GQA-folded walks restart per sibling)
     steps, tiles = gap[same_cta & ~starts_tile], gap[same_cta & starts_tile]
-    span = sum(float(ready[cta == g].max() - ready[cta == g].min()) for g in np.unique(cta))
+    first = np.flatnonzero(np.r_[True, ~same_cta])  # each CTA's first record (sorted by CTA, then time)
+    last = np.r_[first[1:], ready.size] - 1
+    span = float((ready[last] - ready[first]).sum()) if ready.size else 0.0
     step_med = float(np.median(steps)) if steps.size else 0.0
     overhead = float(np.median(tiles)) - step_med if tiles.size else 0.0
     return {

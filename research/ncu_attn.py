@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     ap.add_argument("--causal", action="store_const", const="causal", dest="mask", help="same as --mask causal")
     args = ap.parse_args(argv)
     masks = args.mask.split(",")
-    if not masks or any(m not in ("full", "causal") for m in masks):
-        ap.error(f"--mask takes a comma list of full, causal; got {args.mask!r}")
+    if any(m not in common.MASKS for m in masks):
+        ap.error(f"--mask takes a comma list of {', '.join(common.MASKS)}; got {args.mask!r}")
     wanted = args.impl.split(",")
     packed = [n for n in wanted if n in bench_varlen.IMPLS]
     dense = [n for n in wanted if n not in packed]
