@@ -50,6 +50,14 @@ struct BwdLoad {
         using DoStates = DoState<Traits::kStagesQ, Traits::kStagesdO>;
         [[maybe_unused]] typename DoStates::type pipe_write_do{};  // dO's own (bwd/qdo_pipelines.hpp)
         if constexpr (DoStates::kOwnState) { pipe_write_do = cutlass::make_producer_start_state<PipelinedO>(); }
+        // The (global, shared) TMA partitions of tile c's K and V rows (K/V head hk).
+        auto kv_partitions = [&](int hk, TileCtx const& c, VarlenSeq const& seq) CUTLASS_LAMBDA_FUNC_INLINE {
+            Tensor gK = local_tile(Tiles::rows(mK, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
+            Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileDV>{}, make_coord(c.n, _0{}));
+            auto k = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+            auto v = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+            return cute::make_tuple(get<0>(k), get<1>(k), get<0>(v), get<1>(v));
+        };
         int kv_iter = 0;
         int claimed = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
@@ -62,11 +70,7 @@ struct BwdLoad {
             int const steps = Policy::num_steps(shape, c, st);
             if (steps <= 0) continue;
             auto const walk = Tiles::tile_siblings(params.group, seq);
-            int const hk = walk.kv_head(c);
-            Tensor gK = local_tile(Tiles::rows(mK, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileD>{}, make_coord(c.n, _0{}));
-            Tensor gV = local_tile(Tiles::rows(mV, hk, c.b, seq.k_start), Shape<typename Traits::TileN, typename Traits::TileDV>{}, make_coord(c.n, _0{}));
-            auto [tKgK, tKsK] = tma_partition(params.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-            auto [tVgV, tVsV] = tma_partition(params.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+            auto [tKgK, tKsK, tVgV, tVsV] = kv_partitions(walk.kv_head(c), c, seq);
 
             ClusterTxBar::arrive_and_expect_tx(&ss.barrier_kv, Traits::kTmaBytesK + Traits::kTmaBytesV);
             copy(params.tma_k.with(ss.barrier_kv), tKgK, tKsK);
@@ -107,6 +111,18 @@ struct BwdLoad {
                 ++pipe_write;
                 if constexpr (DoStates::kOwnState) { ++pipe_write_do; }
             });
+            // The static and pair grids know the CTA's next tile already: its K/V go into L2 while this tile's last
+            // steps run, so their load below (after the wait) hits L2 instead of DRAM. (The dynamic grid claims late
+            // on purpose, see below.)
+            if constexpr (!Policy::kDynamic) {
+                int const t_next = Policy::next_tile(sched, t);
+                if (t_next < num_tiles) {
+                    TileCtx const c_next = Policy::make_ctx(sched, t_next);
+                    auto const next = kv_partitions(Tiles::tile_siblings(params.group, seq).kv_head(c_next), c_next, seq);
+                    cute::prefetch(params.tma_k, get<0>(next));
+                    cute::prefetch(params.tma_v, get<2>(next));
+                }
+            }
             // Wait until the MMA warpgroups are done with this tile's K/V before moving on: the next
             // tile's K/V load needs the buffer, and on the dynamic grid the CTA must not claim its next
             // tile before it is about to run it (a short tile's loads are issued long before its
