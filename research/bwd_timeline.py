@@ -9,7 +9,8 @@ Kernels built with ``FLASH_DASH_BWD_TIMELINE=1`` (``NVCC_APPEND_FLAGS=-DFLASH_DA
 contribution ranked before its own) from the rest; :func:`tile_transitions` what a CTA spends between K/V tiles.
 Production builds ignore the buffer; :func:`record` then raises.
 The command line records one backward per schedule of each DASH-grid shape (bf16, 16k tokens, hidden 2048),
-deterministic and not, after one untimed warm-up call, and prints the summaries.
+deterministic and not, after one untimed warm-up call, and prints the summaries; :func:`tile_phases` splits a change
+of K/V tile into the MMA warpgroups' epilogue, K/V wait and first-Q wait (``TILE_FIELDS``, recorded beside).
 """
 from __future__ import annotations
 
@@ -28,14 +29,17 @@ from benchmarks import common  # noqa: E402
 from flash_attn_dash import variants  # noqa: E402
 
 FIELDS = ("seen_ns", "wait_pred_cycles", "wait_mma_cycles", "store_cycles", "cta_step")
+# Per K/V tile (the MMA warpgroups' side, bwd/timeline.hpp's TileTimeline), stored after the dQ records.
+TILE_FIELDS = ("kv_wait_ns", "kv_wait_cycles", "first_q_cycles", "epilogue_cycles", "cta")
 
 
 def record(
     dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-    causal: bool, schedule: str, deterministic: bool = True, sm_margin: int = 0,
-) -> torch.Tensor:
+    causal: bool, schedule: str, deterministic: bool = True, sm_margin: int = 0, with_tiles: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """Run one backward (CUDA inputs in flash_attn_func's layout, ``lse`` (b, h, sq) fp32 natural log) and return
     its int64 records, shape (b, h, M, N, len(FIELDS)); entries of tiles no contribution reaches stay -1.
+    ``with_tiles``: also the per-K/V-tile records, shape (tiles, len(TILE_FIELDS)) (-1 where a tile ran no step).
 
     ``schedule`` is a kernel schedule name (``variants.SCHEDULE_NAMES``) or "auto".
     Raises RuntimeError when the kernels were built without ``FLASH_DASH_BWD_TIMELINE=1`` (nothing recorded).
@@ -45,14 +49,21 @@ def record(
     check_cuda_inputs(q, k, v, sm_margin)
     b, sq, h, d = q.shape
     block_m, block_n = variants.bwd_tile(d)
-    timeline = torch.full((b, h, -(-sq // block_m), -(-k.shape[1] // block_n), len(FIELDS)), -1,
-                          dtype=torch.int64, device=q.device)
+    shape = (b, h, -(-sq // block_m), -(-k.shape[1] // block_n), len(FIELDS))
+    # The tile records follow the dQ records in one allocation (the kernel finds them after b*h*M*N records): at most
+    # one tile per (b, query head, n).
+    n_dq = shape[0] * shape[1] * shape[2] * shape[3]
+    n_tiles = b * h * shape[3]
+    buf = torch.full(((n_dq + n_tiles) * len(FIELDS),), -1, dtype=torch.int64, device=q.device)
+    timeline = buf[: n_dq * len(FIELDS)].view(shape)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, deterministic, schedule, sm_margin,
              timeline=timeline)
     if bool((timeline[..., 4] < 0).all()):  # (reading the flag waits for the backward)
         raise RuntimeError("no timeline recorded: the backward kernels were built without FLASH_DASH_BWD_TIMELINE=1 "
                            "(rebuild hopper/ with NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1)")
+    if with_tiles:
+        return timeline, buf[n_dq * len(FIELDS):].view(n_tiles, len(TILE_FIELDS))
     return timeline
 
 
@@ -142,6 +153,22 @@ def tile_transitions(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.9
     }
 
 
+def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> dict[str, Any]:
+    """Where a change of K/V tile goes on the MMA warpgroups' side, from :func:`record`'s tile records: medians of
+    ``kv_wait_us`` (waiting for the tile's K/V), ``first_q_us`` (then for its first Q/dO stage) and ``epilogue_us``
+    (its dK/dV stores), over the tiles that are not their CTA's first (a CTA's first K/V wait is the launch's)."""
+    rec = tiles.cpu().numpy() if isinstance(tiles, torch.Tensor) else np.asarray(tiles)
+    if rec.ndim != 2 or rec.shape[1] != len(TILE_FIELDS):
+        raise ValueError(f"tile records must have shape (tiles, {len(TILE_FIELDS)}), got {rec.shape}")
+    rec = rec[(rec[:, 0] >= 0) & (rec[:, 4] >= 0)]
+    rec = rec[np.lexsort((rec[:, 0], rec[:, 4]))]  # by CTA, then start time
+    later = np.r_[False, rec[1:, 4] == rec[:-1, 4]] if rec.size else np.zeros(0, dtype=bool)
+    to_us = 1e-3 / clock_ghz
+    kv, first_q, epi = (rec[later, i] * to_us for i in (1, 2, 3))
+    return {"tiles": int(later.sum()), "kv_wait_us": _stats(kv), "first_q_us": _stats(first_q),
+            "epilogue_us": _stats(epi)}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hdim", default="128", help="comma list of head dims (default 128)")
@@ -156,7 +183,7 @@ def main(argv=None) -> int:
 
     rows = []
     print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
-          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share")
+          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share  epilogue / kv wait / first q us")
     raw = {}
     for hdim in (int(x) for x in args.hdim.split(",")):
         for causal in (False, True):
@@ -169,12 +196,13 @@ def main(argv=None) -> int:
                 runs = [(name, True) for name in variants.schedules_for(mask)] + [("auto", False)]
                 for schedule, det in runs:
                     record(dout, q, k, v, out, lse, causal, schedule, det)  # warm-up
-                    tl = record(dout, q, k, v, out, lse, causal, schedule, det)
+                    tl, tiles = record(dout, q, k, v, out, lse, causal, schedule, det, with_tiles=True)
                     wp = summarize(tl, args.clock_ghz)
                     tr = tile_transitions(tl, args.clock_ghz)
+                    ph = tile_phases(tiles, args.clock_ghz)
                     label = schedule if det else "(non-det walk)"
                     rows.append({"hdim": hdim, "causal": causal, "seqlen": s, "schedule": label,
-                                 "deterministic": det, **wp, "transitions": tr})
+                                 "deterministic": det, **wp, "transitions": tr, "tile_phases": ph})
                     if args.raw:
                         raw[f"{hdim}-{mask}-{s}-{schedule}-{'det' if det else 'nondet'}"] = tl.cpu().numpy()
                     print(f"{hdim:>4} {mask:>6} {s:>6} {label:>16} {'yes' if det else 'no':>3}"
@@ -183,7 +211,8 @@ def main(argv=None) -> int:
                           f"  {wp['wait_mma_us']['mean']:8.2f}  {wp['store_us']['mean']:5.2f}"
                           f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}"
                           f"  {tr['step_us']['median']:6.2f} / {tr['tile_gap_us']['median']:7.2f}"
-                          f"  {tr['gap_share']:8.1%}", flush=True)
+                          f"  {tr['gap_share']:8.1%}  {ph['epilogue_us']['median']:8.2f} /"
+                          f" {ph['kv_wait_us']['median']:7.2f} / {ph['first_q_us']['median']:8.2f}", flush=True)
     if args.raw:
         np.savez_compressed(args.raw, **raw)
     if args.json:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from research.bwd_timeline import FIELDS, record, summarize, tile_transitions
+from research.bwd_timeline import FIELDS, TILE_FIELDS, record, summarize, tile_phases, tile_transitions
 
 
 def _synthetic():
@@ -53,6 +53,24 @@ def test_tile_transitions_separate_steps_from_tile_changes():
     assert t["gap_share"] == pytest.approx(6.0 / 22.0)  # CTA 0 spans 2..24 us, CTA 1 none
 
 
+def test_tile_phases_skip_each_ctas_first_tile():
+    """CTA 0 runs tiles 0 and 2, CTA 1 tiles 1 and 3; tile 4 ran no step (-1). A CTA's first tile waits for the
+    launch, so only tiles 2 and 3 count. Clock 1 GHz: cycles = ns."""
+    rec = np.full((5, len(TILE_FIELDS)), -1, dtype=np.int64)
+    #        kv_wait_ns  kv_wait  first_q  epilogue  cta
+    rec[0] = (1000, 9000, 100, 700, 0)
+    rec[2] = (50000, 2000, 300, 900, 0)
+    rec[1] = (1200, 8000, 100, 800, 1)
+    rec[3] = (52000, 4000, 500, 1100, 1)
+    p = tile_phases(rec, clock_ghz=1.0)
+    assert p["tiles"] == 2
+    assert p["kv_wait_us"]["median"] == pytest.approx(3.0)
+    assert p["first_q_us"]["median"] == pytest.approx(0.4)
+    assert p["epilogue_us"]["median"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="tile records must have shape"):
+        tile_phases(np.zeros((3, 4)))
+
+
 def test_summarize_rejects_bad_shapes():
     with pytest.raises(ValueError, match="timeline must have shape"):
         summarize(np.zeros((2, 3, 4)))
@@ -90,3 +108,9 @@ def test_record_on_gpu():
     packed = tl[..., 4][valid]
     tiles, ctas = int(((packed & 0xFFFFFFFF) == 0).sum()), int(torch.unique(packed >> 32).numel())
     assert tile_transitions(tl)["transitions"] == tiles - ctas
+    # The MMA warpgroups' tile records: one per K/V tile that ran a step, in the CTAs that ran them.
+    _, tile_rec = record(dout, q, k, v, out, lse, causal=True, schedule="descending", with_tiles=True)
+    ran = tile_rec[:, 0] >= 0
+    assert int(ran.sum()) == tiles
+    assert bool((tile_rec[ran][:, 1:4] >= 0).all())
+    assert set(tile_rec[ran][:, 4].tolist()) == set((packed >> 32).tolist())

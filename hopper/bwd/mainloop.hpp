@@ -16,6 +16,7 @@
 #include "bwd/kernel_params.hpp"
 #include "bwd/operands.hpp"
 #include "bwd/qdo_pipelines.hpp"
+#include "bwd/timeline.hpp"
 #include "bwd/tile_mask.hpp"
 #include "common/utils.hpp"
 #include "schedule/sibling_walk.hpp"
@@ -101,6 +102,9 @@ struct BwdMainloop {
         int ds_stage = Traits::kFirstBufdS;  // the P/dS buffer dS goes to
         int const dense_off = sched.seqlen_k - sched.seqlen_q;  // every dense tile's
         int const t_in_wg = tid % 128;
+        // Where the tile records start (bwd/timeline.hpp; diagnostic builds only).
+        int64_t const dq_records = int64_t(sched.batch) * Tiles::grid_siblings(params.group).query_heads(sched) *
+                                   sched.num_m * sched.num_n;
 
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
@@ -117,8 +121,11 @@ struct BwdMainloop {
             clear(tdKacc);
             clear(tdVacc);
             int const n_base = c.n * kBlockN;
+            TileTimeline tile_timeline(params.timeline, dq_records, t, tid == 0);
             if (steps > 0) {
+                tile_timeline.kv_wait();
                 ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);
+                tile_timeline.kv_ready();
                 // The tile's steps over all its siblings (SiblingWalk; the operands arrive in shared memory, so the MMA
                 // needs no head). A plain loop: the step loop inside the walk's lambda made ptxas spill at hdim 128.
                 typename SiblingWalk<GqaFold>::Cursor cursor{};
@@ -133,6 +140,7 @@ struct BwdMainloop {
                     Tensor tSacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
                     Tensor tdPacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
                     pipeline_q.consumer_wait(pipe_read);
+                    if (k == 0) { tile_timeline.first_q_ready(); }
                     gemm_ab<true, kSwap>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
                     if constexpr (DoStates::kOwnState) { pipeline_do.consumer_wait(pipe_read_do); }
                     else { pipeline_do.consumer_wait(pipe_read); }
@@ -268,8 +276,10 @@ struct BwdMainloop {
                 ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;
             }
+            tile_timeline.epilogue_begin();
             BwdEpilogue<Traits, Deterministic, GqaFold, Varlen>::store(params, shape, c, seq, tid, mma_dk, mma_dv,
                                                                        tdKacc, tdVacc);
+            tile_timeline.epilogue_end(int(blockIdx.x));
         }
     }
 };

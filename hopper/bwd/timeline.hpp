@@ -50,5 +50,50 @@ struct StepTimeline {
 #endif
 };
 
+// The MMA warpgroups' side of a change of K/V tile (thread 0 records), after the dQ records: int64 x kFields at
+// (dq_records + t) * kFields for the policy's tile t:
+//   [0] %globaltimer (ns) when the wait for the tile's K/V began   [1] cycles of that wait
+//   [2] cycles then waiting for its first Q/dO stage                 [3] cycles of its dK/dV epilogue   [4] CTA
+struct TileTimeline {
+    static constexpr int kFields = 5;
+#if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)
+    long long* rec;
+    long long t = 0;
+    __device__ TileTimeline(long long* base, int64_t dq_records, int tile, bool leader)
+        : rec(base == nullptr || !leader ? nullptr : base + (dq_records + tile) * kFields) {}
+    __device__ void kv_wait() {
+        if (rec == nullptr) return;
+        uint64_t ns;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        rec[0] = static_cast<long long>(ns);
+        t = clock64();
+    }
+    __device__ void kv_ready() {
+        if (rec == nullptr) return;
+        long long const now = clock64();
+        rec[1] = now - t;
+        t = now;
+    }
+    __device__ void first_q_ready() {
+        if (rec != nullptr) rec[2] = clock64() - t;
+    }
+    __device__ void epilogue_begin() {
+        if (rec != nullptr) t = clock64();
+    }
+    __device__ void epilogue_end(int cta) {
+        if (rec == nullptr) return;
+        rec[3] = clock64() - t;
+        rec[4] = cta;
+    }
+#else
+    __device__ TileTimeline(long long*, int64_t, int, bool) {}
+    __device__ void kv_wait() {}
+    __device__ void kv_ready() {}
+    __device__ void first_q_ready() {}
+    __device__ void epilogue_begin() {}
+    __device__ void epilogue_end(int) {}
+#endif
+};
+
 }  // namespace bwd
 }  // namespace flash_dash
