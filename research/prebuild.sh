@@ -9,6 +9,9 @@
 # for: use the same ones as the call's AB_BUILD. Objects are stamped with their source digest (setup.py links only
 # current ones). Each folder is also packed as OUTDIR/<name>.tar.xz (what travels: a call carries at most 64 MiB).
 # JOBS parallel nvcc jobs (default 1).
+# FWD_FROM=DIR (with FLASH_DASH_PASSES=bwd): a patch that touches no file outside hopper/bwd/ leaves the forward objects
+# as they are, so DIR's fwd objects of the selected head dims and dtypes are copied into the patch's folder, stamped
+# with the patched tree's digest (the digest covers every header), instead of being compiled again.
 set -euo pipefail
 OUTDIR=$(realpath -m "${1:?usage: prebuild.sh OUTDIR [PATCH ...]}")
 shift
@@ -20,6 +23,13 @@ build() {  # build NAME TREE
     || { tail -30 "$OUTDIR/$1.make.log"; return 1; }
   tar -cJf "$OUTDIR/$1.tar.xz" -C "$OUTDIR" "$1"
   echo "$1: $(find "$OUTDIR/$1" -name '*.o' | wc -l) objects, $(du -h "$OUTDIR/$1.tar.xz" | cut -f1) packed"
+}
+bwd_only() {  # bwd_only PATCH...: whether the patches touch nothing outside hopper/bwd/ (the forward's objects stay)
+  local p
+  for p in "$@"; do
+    git apply --numstat "$p" | cut -f3 | grep -qv '^hopper/bwd/' && return 1
+  done
+  return 0
 }
 if [ $# -eq 0 ]; then
   build main "$ROOT"
@@ -33,7 +43,22 @@ for arg in "$@"; do
   applied=1
   for p in "${patches[@]}"; do git -C "$tree" apply "$(realpath "$p")" || { applied=0; break; }; done
   if ((applied)); then
-    build "$name" "$tree" || echo "$name: build failed (log: $OUTDIR/$name.make.log)"
+    if ! build "$name" "$tree"; then
+      echo "$name: build failed (log: $OUTDIR/$name.make.log)"
+    elif [ -n "${FWD_FROM:-}" ]; then
+      if ! bwd_only "${patches[@]}"; then
+        echo "$name: FWD_FROM ignored (the patch touches files outside hopper/bwd/)"
+      else
+        for unit in $(cd "$tree" && FLASH_DASH_PASSES=fwd python3 build_config.py sources); do
+          stem=$(basename "$unit" .cu)
+          [[ $stem == fwd_* ]] || continue
+          cp "$FWD_FROM/$stem.o" "$OUTDIR/$name/" || { echo "$name: no $stem.o in $FWD_FROM"; continue; }
+          (cd "$tree" && python3 build_config.py digest "$unit") > "$OUTDIR/$name/$stem.digest"
+        done
+        tar -cJf "$OUTDIR/$name.tar.xz" -C "$OUTDIR" "$name"
+        echo "$name: forward objects from $FWD_FROM, $(du -h "$OUTDIR/$name.tar.xz" | cut -f1) packed"
+      fi
+    fi
   else
     echo "$name: does not apply to HEAD"
   fi

@@ -141,18 +141,27 @@ def test_varlen_fwd_claims_model():
     assert vb.balance([3, 1, 1, 1, 2], 2, False) == 4 / 6
 
 
+def _shell_function(script: str, name: str) -> str:
+    """The text of shell function `name` in research/`script` (to run it alone)."""
+    with open(os.path.join(ROOT, "research", script)) as f:
+        text = f.read()
+    func = text[text.index(f"{name}() {{"):]
+    return func[:func.index("\n}\n") + 3]
+
+
+def _write_patch(path, paths: list[str]):
+    """A patch file at `path` that changes one line of each of `paths`."""
+    path.write_text("".join(f"--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-x\n+y\n" for p in paths))
+    return path
+
+
 def test_patch_ab_relinks_only_for_kernel_changes(tmp_path):
     """research/patch_ab.sh's kernel_change: a patch touching what the extension compiles needs a relink, a
     Python-only one runs on the installed build."""
-    with open(os.path.join(ROOT, "research", "patch_ab.sh")) as f:
-        script = f.read()
-    func = script[script.index("kernel_change() {"):]
-    func = func[:func.index("\n}\n") + 3]
+    func = _shell_function("patch_ab.sh", "kernel_change")
 
     def patch(name: str, paths: list[str]):
-        body = "".join(f"--- a/{p}\n+++ b/{p}\n@@ -1 +1 @@\n-x\n+y\n" for p in paths)
-        (tmp_path / name).write_text(body)
-        return tmp_path / name
+        return _write_patch(tmp_path / name, paths)
 
     cases = {patch("host.patch", ["flash_attn_dash/launch.py", "tests/test_x.py"]): 1,
              patch("hopper.patch", ["flash_attn_dash/variants.py", "hopper/generated/bwd_hdim256_bf16.cu"]): 0,
@@ -162,3 +171,21 @@ def test_patch_ab_relinks_only_for_kernel_changes(tmp_path):
         res = subprocess.run(["bash", "-c", f'{func}\nkernel_change "$1"', "-", str(path)], cwd=ROOT,
                              capture_output=True, text=True, timeout=60)
         assert res.returncode == rc, (path.name, res.stderr)
+
+
+def test_prebuild_reuses_forward_objects_only_for_bwd_patches(tmp_path):
+    """research/prebuild.sh's bwd_only: FWD_FROM's forward objects stand in for a patch's only when it touches
+    nothing outside hopper/bwd/ (a header elsewhere, e.g. hopper/common/, may change the forward's code)."""
+    func = _shell_function("prebuild.sh", "bwd_only")
+
+    def patch(name: str, paths: list[str]):
+        return _write_patch(tmp_path / name, paths)
+
+    cases = {(patch("bwd.patch", ["hopper/bwd/epilogue.hpp", "hopper/bwd/mainloop.hpp"]),): 0,
+             (patch("common.patch", ["hopper/common/utils.hpp"]),): 1,
+             (patch("table.patch", ["flash_attn_dash/variants.py", "hopper/generated/bwd_hdim128_bf16.cu"]),): 1,
+             (tmp_path / "bwd.patch", patch("fwd.patch", ["hopper/fwd/mainloop.hpp"])): 1}
+    for paths, rc in cases.items():
+        res = subprocess.run(["bash", "-c", f'{func}\nbwd_only "$@"', "-", *map(str, paths)], cwd=ROOT,
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == rc, ([p.name for p in paths], res.stderr)
