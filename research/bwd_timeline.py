@@ -156,17 +156,23 @@ def tile_transitions(timeline: torch.Tensor | np.ndarray, clock_ghz: float = 1.9
 def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> dict[str, Any]:
     """Where a change of K/V tile goes on the MMA warpgroups' side, from :func:`record`'s tile records: medians of
     ``kv_wait_us`` (waiting for the tile's K/V), ``first_q_us`` (then for its first Q/dO stage) and ``epilogue_us``
-    (its dK/dV stores), over the tiles that are not their CTA's first (a CTA's first K/V wait is the launch's)."""
+    (its dK/dV stores), over the tiles that are not their CTA's first (a CTA's first K/V wait is the launch's), and
+    ``share``: the changes' part of the CTAs' time from their first tile's start to their last's (each earlier tile's
+    epilogue and each later tile's waits, over that span; unlike :func:`tile_transitions`' ``gap_share``, no rank
+    wait of the dQ store warps enters it)."""
     rec = tiles.cpu().numpy() if isinstance(tiles, torch.Tensor) else np.asarray(tiles)
     if rec.ndim != 2 or rec.shape[1] != len(TILE_FIELDS):
         raise ValueError(f"tile records must have shape (tiles, {len(TILE_FIELDS)}), got {rec.shape}")
     rec = rec[(rec[:, 0] >= 0) & (rec[:, 4] >= 0)]
     rec = rec[np.lexsort((rec[:, 0], rec[:, 4]))]  # by CTA, then start time
     later = np.r_[False, rec[1:, 4] == rec[:-1, 4]] if rec.size else np.zeros(0, dtype=bool)
+    earlier = np.r_[later[1:], False] if rec.size else later  # followed by a tile of the same CTA
     to_us = 1e-3 / clock_ghz
     kv, first_q, epi = (rec[later, i] * to_us for i in (1, 2, 3))
+    span_us = float((rec[later, 0] - rec[np.flatnonzero(later) - 1, 0]).sum()) * 1e-3 if later.any() else 0.0
+    spent_us = float(rec[earlier, 3].sum() + rec[later, 1].sum() + rec[later, 2].sum()) * to_us
     return {"tiles": int(later.sum()), "kv_wait_us": _stats(kv), "first_q_us": _stats(first_q),
-            "epilogue_us": _stats(epi)}
+            "epilogue_us": _stats(epi), "share": spent_us / span_us if span_us > 0 else 0.0}
 
 
 def main(argv=None) -> int:
@@ -183,7 +189,7 @@ def main(argv=None) -> int:
 
     rows = []
     print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
-          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share  epilogue / kv wait / first q us")
+          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share  epilogue / kv wait / first q us  share")
     raw = {}
     for hdim in (int(x) for x in args.hdim.split(",")):
         for causal in (False, True):
@@ -212,7 +218,8 @@ def main(argv=None) -> int:
                           f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}"
                           f"  {tr['step_us']['median']:6.2f} / {tr['tile_gap_us']['median']:7.2f}"
                           f"  {tr['gap_share']:8.1%}  {ph['epilogue_us']['median']:8.2f} /"
-                          f" {ph['kv_wait_us']['median']:7.2f} / {ph['first_q_us']['median']:8.2f}", flush=True)
+                          f" {ph['kv_wait_us']['median']:7.2f} / {ph['first_q_us']['median']:8.2f}  {ph['share']:6.1%}",
+                          flush=True)
     if args.raw:
         np.savez_compressed(args.raw, **raw)
     if args.json:

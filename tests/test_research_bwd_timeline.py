@@ -67,6 +67,8 @@ def test_tile_phases_skip_each_ctas_first_tile():
     assert p["kv_wait_us"]["median"] == pytest.approx(3.0)
     assert p["first_q_us"]["median"] == pytest.approx(0.4)
     assert p["epilogue_us"]["median"] == pytest.approx(1.0)
+    # Spans 49 + 50.8 us from first to last tile start; the changes: tiles 0/1's epilogues and tiles 2/3's waits.
+    assert p["share"] == pytest.approx((0.7 + 0.8 + 2.0 + 0.3 + 4.0 + 0.5) / (49.0 + 50.8))
     with pytest.raises(ValueError, match="tile records must have shape"):
         tile_phases(np.zeros((3, 4)))
 
