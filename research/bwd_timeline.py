@@ -73,11 +73,12 @@ def _stats(x: np.ndarray) -> dict[str, float]:
     return {"median": float(np.median(x)), "mean": float(x.mean()), "p90": float(np.percentile(x, 90))}
 
 
-def _records(timeline: torch.Tensor | np.ndarray) -> np.ndarray:
-    """:func:`record`'s output as a numpy array, its shape checked."""
-    rec = timeline.cpu().numpy() if isinstance(timeline, torch.Tensor) else np.asarray(timeline)
-    if rec.ndim != 5 or rec.shape[-1] != len(FIELDS):
-        raise ValueError(f"timeline must have shape (b, h, M, N, {len(FIELDS)}), got {rec.shape}")
+def _records(records: torch.Tensor | np.ndarray, ndim: int = 5, fields: tuple[str, ...] = FIELDS,
+             what: str = "timeline must have shape (b, h, M, N, {})") -> np.ndarray:
+    """:func:`record`'s dQ records (or, with TILE_FIELDS, its tile records) as a numpy array, the shape checked."""
+    rec = records.cpu().numpy() if isinstance(records, torch.Tensor) else np.asarray(records)
+    if rec.ndim != ndim or rec.shape[-1] != len(fields):
+        raise ValueError(f"{what.format(len(fields))}, got {rec.shape}")
     return rec
 
 
@@ -160,9 +161,7 @@ def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> di
     ``share``: the changes' part of the CTAs' time from their first tile's start to their last's (each earlier tile's
     epilogue and each later tile's waits, over that span; unlike :func:`tile_transitions`' ``gap_share``, no rank
     wait of the dQ store warps enters it)."""
-    rec = tiles.cpu().numpy() if isinstance(tiles, torch.Tensor) else np.asarray(tiles)
-    if rec.ndim != 2 or rec.shape[1] != len(TILE_FIELDS):
-        raise ValueError(f"tile records must have shape (tiles, {len(TILE_FIELDS)}), got {rec.shape}")
+    rec = _records(tiles, 2, TILE_FIELDS, "tile records must have shape (tiles, {})")
     rec = rec[(rec[:, 0] >= 0) & (rec[:, 4] >= 0)]
     rec = rec[np.lexsort((rec[:, 0], rec[:, 4]))]  # by CTA, then start time
     later = np.r_[False, rec[1:, 4] == rec[:-1, 4]] if rec.size else np.zeros(0, dtype=bool)

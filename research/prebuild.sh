@@ -21,6 +21,8 @@ build() {  # build NAME TREE
   rm -rf "${OUTDIR:?}/$1"
   make -C "$2" -j"${JOBS:-1}" kernels BUILD="$OUTDIR/$1" > "$OUTDIR/$1.make.log" 2>&1 \
     || { tail -30 "$OUTDIR/$1.make.log"; return 1; }
+}
+pack() {  # pack NAME: the folder as NAME.tar.xz
   tar -cJf "$OUTDIR/$1.tar.xz" -C "$OUTDIR" "$1"
   echo "$1: $(find "$OUTDIR/$1" -name '*.o' | wc -l) objects, $(du -h "$OUTDIR/$1.tar.xz" | cut -f1) packed"
 }
@@ -32,7 +34,7 @@ bwd_only() {  # bwd_only PATCH...: whether the patches touch nothing outside hop
   return 0
 }
 if [ $# -eq 0 ]; then
-  build main "$ROOT"
+  build main "$ROOT" && pack main
   exit
 fi
 for arg in "$@"; do
@@ -45,19 +47,18 @@ for arg in "$@"; do
   if ((applied)); then
     if ! build "$name" "$tree"; then
       echo "$name: build failed (log: $OUTDIR/$name.make.log)"
-    elif [ -n "${FWD_FROM:-}" ]; then
-      if ! bwd_only "${patches[@]}"; then
+    else
+      if [ -n "${FWD_FROM:-}" ] && ! bwd_only "${patches[@]}"; then
         echo "$name: FWD_FROM ignored (the patch touches files outside hopper/bwd/)"
-      else
+      elif [ -n "${FWD_FROM:-}" ]; then
         for unit in $(cd "$tree" && FLASH_DASH_PASSES=fwd python3 build_config.py sources); do
           stem=$(basename "$unit" .cu)
-          [[ $stem == fwd_* ]] || continue
           cp "$FWD_FROM/$stem.o" "$OUTDIR/$name/" || { echo "$name: no $stem.o in $FWD_FROM"; continue; }
           (cd "$tree" && python3 build_config.py digest "$unit") > "$OUTDIR/$name/$stem.digest"
         done
-        tar -cJf "$OUTDIR/$name.tar.xz" -C "$OUTDIR" "$name"
-        echo "$name: forward objects from $FWD_FROM, $(du -h "$OUTDIR/$name.tar.xz" | cut -f1) packed"
+        echo "$name: forward objects from $FWD_FROM"
       fi
+      pack "$name"
     fi
   else
     echo "$name: does not apply to HEAD"
