@@ -118,7 +118,7 @@ struct BwdLoad {
                 int const t_next = Policy::next_tile(sched, t);
                 if (t_next < num_tiles) {
                     TileCtx const c_next = Policy::make_ctx(sched, t_next);
-                    auto const next = kv_partitions(Tiles::tile_siblings(params.group, seq).kv_head(c_next), c_next, seq);
+                    auto const next = kv_partitions(walk.kv_head(c_next), c_next, seq);
                     cute::prefetch(params.tma_k, get<0>(next));
                     cute::prefetch(params.tma_v, get<2>(next));
                 }

@@ -102,9 +102,6 @@ struct BwdMainloop {
         int ds_stage = Traits::kFirstBufdS;  // the P/dS buffer dS goes to
         int const dense_off = sched.seqlen_k - sched.seqlen_q;  // every dense tile's
         int const t_in_wg = tid % 128;
-        // Where the tile records start (bwd/timeline.hpp; diagnostic builds only).
-        int64_t const dq_records = int64_t(sched.batch) * Tiles::grid_siblings(params.group).query_heads(sched) *
-                                   sched.num_m * sched.num_n;
 
         int read = 0;
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
@@ -121,7 +118,8 @@ struct BwdMainloop {
             clear(tdKacc);
             clear(tdVacc);
             int const n_base = c.n * kBlockN;
-            TileTimeline tile_timeline(params.timeline, dq_records, t, tid == 0);
+            TileTimeline tile_timeline(params.timeline, sched, Tiles::grid_siblings(params.group).query_heads(sched), t,
+                                       tid == 0);
             if (steps > 0) {
                 tile_timeline.kv_wait();
                 ClusterTxBar::wait(&ss.barrier_kv, kv_iter & 1);

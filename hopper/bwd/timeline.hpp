@@ -8,6 +8,8 @@
 #pragma once
 #include <cstdint>
 
+#include "schedule/policies.hpp"
+
 #ifndef FLASH_DASH_BWD_TIMELINE
 #define FLASH_DASH_BWD_TIMELINE 0
 #endif
@@ -15,19 +17,25 @@
 namespace flash_dash {
 namespace bwd {
 
+#if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)  // device code only (the host pass has no clock64)
+__device__ inline long long global_ns() {
+    uint64_t ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    return static_cast<long long>(ns);
+}
+#endif
+
 struct StepTimeline {
     static constexpr int kFields = 5;
-#if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)  // device code only (the host pass has no clock64)
+#if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)
     long long* rec;
     long long t;
     __device__ StepTimeline(long long* base, int64_t index)
         : rec(base == nullptr ? nullptr : base + index * kFields), t(clock64()) {}
     __device__ void acquired() {
         if (rec == nullptr) return;
-        uint64_t ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+        rec[0] = global_ns();
         long long const now = clock64();
-        rec[0] = static_cast<long long>(ns);
         rec[1] = now - t;
         t = now;
     }
@@ -50,8 +58,8 @@ struct StepTimeline {
 #endif
 };
 
-// The MMA warpgroups' side of a change of K/V tile (thread 0 records), after the dQ records: int64 x kFields at
-// (dq_records + t) * kFields for the policy's tile t:
+// The MMA warpgroups' side of a change of K/V tile (thread 0 records), after the dQ records (one per (b, query head,
+// m tile, rank)): int64 x kFields at (dq_records + t) * kFields for the policy's tile t:
 //   [0] %globaltimer (ns) when the wait for the tile's K/V began   [1] cycles of that wait
 //   [2] cycles then waiting for its first Q/dO stage                 [3] cycles of its dK/dV epilogue   [4] CTA
 struct TileTimeline {
@@ -59,13 +67,13 @@ struct TileTimeline {
 #if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)
     long long* rec;
     long long t = 0;
-    __device__ TileTimeline(long long* base, int64_t dq_records, int tile, bool leader)
-        : rec(base == nullptr || !leader ? nullptr : base + (dq_records + tile) * kFields) {}
+    __device__ TileTimeline(long long* base, SchedShape const& sched, int query_heads, int tile, bool leader)
+        : rec(base == nullptr || !leader
+                  ? nullptr
+                  : base + (int64_t(sched.batch) * query_heads * sched.num_m * sched.num_n + tile) * kFields) {}
     __device__ void kv_wait() {
         if (rec == nullptr) return;
-        uint64_t ns;
-        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
-        rec[0] = static_cast<long long>(ns);
+        rec[0] = global_ns();
         t = clock64();
     }
     __device__ void kv_ready() {
@@ -86,7 +94,7 @@ struct TileTimeline {
         rec[4] = cta;
     }
 #else
-    __device__ TileTimeline(long long*, int64_t, int, bool) {}
+    __device__ TileTimeline(long long*, SchedShape const&, int, int, bool) {}
     __device__ void kv_wait() {}
     __device__ void kv_ready() {}
     __device__ void first_q_ready() {}
