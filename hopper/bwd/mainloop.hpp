@@ -42,7 +42,6 @@ struct BwdMainloop {
     using PipelinedO = typename Traits::PipelinedO;
     using Handoff = typename Traits::DqHandoffT;
     using ClusterTxBar = cutlass::arch::ClusterTransactionBarrier;
-    using ClusterBar = cutlass::arch::ClusterBarrier;
 
     // tid: thread index within the MMA warpgroups (0 .. NumMmaThreads - 1).
     CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, PipelineQ& pipeline_q,
@@ -270,13 +269,12 @@ struct BwdMainloop {
                     if constexpr (!kSwap) { ds_stage ^= 1; }
                     cursor.advance(steps);
                 }
-                // All wgmma reading sK/sV retired: the producer may load the next tile's K/V.
-                ClusterBar::arrive(&ss.barrier_kv_empty);
                 ++kv_iter;
             }
+            // (The epilogue hands sK/sV back to the producer once it is done with them.)
             tile_timeline.epilogue_begin();
             BwdEpilogue<Traits, Deterministic, GqaFold, Varlen>::store(params, shape, c, seq, tid, mma_dk, mma_dv,
-                                                                       tdKacc, tdVacc);
+                                                                       tdKacc, tdVacc, ss, steps > 0);
             tile_timeline.epilogue_end(int(blockIdx.x));
         }
     }
