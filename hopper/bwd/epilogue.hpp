@@ -2,9 +2,9 @@
 // (no GQA, or GQA-folded tiles, which hold every sibling's sum; rows >= sk are not written) or add them in fp32
 // into the GQA accumulators (deterministic mode: in the order rank = h % group, one counter per (n, b, kv head)).
 // It also hands the tile's K/V buffers back to the producer (barrier_kv_empty) once it is done with them.
-// Stores go through shared memory: dK into the K buffer and dV into the V buffer (their shapes), then out in 16-byte
-// row chunks. Stored from the accumulators' layout (4-byte pieces, a row per lane quad; swapped dK/dV 2-byte ones),
-// the writes kept the MMA warpgroups 5-12 us per K/V tile.
+// Stores go through shared memory (the P/dS buffers for plain layouts, the K/V buffers for swapped ones), then out
+// in 16-byte row chunks: stored from the accumulators' layout (4-byte pieces, a row per lane quad; swapped dK/dV
+// 2-byte ones), the writes kept the MMA warpgroups 5-12 us per K/V tile.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
