@@ -10,7 +10,8 @@ contribution ranked before its own) from the rest; :func:`tile_transitions` what
 Production builds ignore the buffer; :func:`record` then raises.
 The command line records one backward per schedule of each DASH-grid shape (bf16, 16k tokens, hidden 2048),
 deterministic and not, after one untimed warm-up call, and prints the summaries; :func:`tile_phases` splits a change
-of K/V tile into the MMA warpgroups' epilogue, K/V wait and first-Q wait (``TILE_FIELDS``, recorded beside).
+of K/V tile into the MMA warpgroups' epilogue, K/V wait and first-Q wait, and a step into its waits for the loads
+and for the dQ hand-off buffer (``TILE_FIELDS``, recorded beside).
 """
 from __future__ import annotations
 
@@ -29,8 +30,10 @@ from benchmarks import common  # noqa: E402
 from flash_attn_dash import variants  # noqa: E402
 
 FIELDS = ("seen_ns", "wait_pred_cycles", "wait_mma_cycles", "store_cycles", "cta_step")
-# Per K/V tile (the MMA warpgroups' side, bwd/timeline.hpp's TileTimeline), stored after the dQ records.
-TILE_FIELDS = ("kv_wait_ns", "kv_wait_cycles", "first_q_cycles", "epilogue_cycles", "cta")
+# Per K/V tile (the MMA warpgroups' side, bwd/timeline.hpp's TileTimeline), stored after the dQ records: the change
+# of tile, then the step loop's waits summed over the tile's steps (Q, dO, the dQ hand-off buffer), its length, steps.
+TILE_FIELDS = ("kv_wait_ns", "kv_wait_cycles", "first_q_cycles", "epilogue_cycles", "cta", "q_wait_cycles",
+               "do_wait_cycles", "acquire_cycles", "loop_cycles", "steps")
 
 
 def record(
@@ -54,7 +57,7 @@ def record(
     # one tile per (b, query head, n).
     n_dq = shape[0] * shape[1] * shape[2] * shape[3]
     n_tiles = b * h * shape[3]
-    buf = torch.full(((n_dq + n_tiles) * len(FIELDS),), -1, dtype=torch.int64, device=q.device)
+    buf = torch.full((n_dq * len(FIELDS) + n_tiles * len(TILE_FIELDS),), -1, dtype=torch.int64, device=q.device)
     timeline = buf[: n_dq * len(FIELDS)].view(shape)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     bwd_into(dout, q, k, v, out, lse, dq, dk, dv, d ** -0.5, causal, deterministic, schedule, sm_margin,
@@ -160,7 +163,10 @@ def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> di
     (its dK/dV stores), over the tiles that are not their CTA's first (a CTA's first K/V wait is the launch's), and
     ``share``: the changes' part of the CTAs' time from their first tile's start to their last's (each earlier tile's
     epilogue and each later tile's waits, over that span; unlike :func:`tile_transitions`' ``gap_share``, no rank
-    wait of the dQ store warps enters it)."""
+    wait of the dQ store warps enters it). Per step (each tile's sums over its steps, medians over the tiles):
+    ``step_us`` (the step loop's length), ``q_wait_us`` / ``do_wait_us`` (waiting for the loads; the first step's Q
+    wait included) and ``acquire_us`` (for the dQ hand-off buffer: the store warp's release, where the rank chain
+    reaches the MMA warpgroups)."""
     rec = _records(tiles, 2, TILE_FIELDS, "tile records must have shape (tiles, {})")
     rec = rec[(rec[:, 0] >= 0) & (rec[:, 4] >= 0)]
     rec = rec[np.lexsort((rec[:, 0], rec[:, 4]))]  # by CTA, then start time
@@ -170,8 +176,16 @@ def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> di
     kv, first_q, epi = (rec[later, i] * to_us for i in (1, 2, 3))
     span_us = float((rec[later, 0] - rec[np.flatnonzero(later) - 1, 0]).sum()) * 1e-3 if later.any() else 0.0
     spent_us = float(rec[earlier, 3].sum() + rec[later, 1].sum() + rec[later, 2].sum()) * to_us
+    # Per step, each tile's sums over its steps (every tile that ran one, a CTA's first included).
+    per_step = {}
+    if rec.size:
+        steps = np.maximum(rec[:, 9], 1)
+        for key, i in (("step_us", 8), ("q_wait_us", 5), ("do_wait_us", 6), ("acquire_us", 7)):
+            per_step[key] = _stats(rec[:, i] / steps * to_us)
+    else:
+        per_step = {key: _stats(np.zeros(0)) for key in ("step_us", "q_wait_us", "do_wait_us", "acquire_us")}
     return {"tiles": int(later.sum()), "kv_wait_us": _stats(kv), "first_q_us": _stats(first_q),
-            "epilogue_us": _stats(epi), "share": spent_us / span_us if span_us > 0 else 0.0}
+            "epilogue_us": _stats(epi), "share": spent_us / span_us if span_us > 0 else 0.0, **per_step}
 
 
 def main(argv=None) -> int:
@@ -188,7 +202,8 @@ def main(argv=None) -> int:
 
     rows = []
     print(f"{'hdim':>4} {'mask':>6} {'seqlen':>6} {'schedule':>16} {'det':>3}  wait_pred us (first/later step)"
-          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share  epilogue / kv wait / first q us  share")
+          f"  wait_mma  store  pred share  rank gap us  step / tile gap us  gap share  epilogue / kv wait / first q us  share"
+          f"  MMA step / q / dO / acquire us")
     raw = {}
     for hdim in (int(x) for x in args.hdim.split(",")):
         for causal in (False, True):
@@ -217,7 +232,9 @@ def main(argv=None) -> int:
                           f"  {wp['wait_pred_share']:10.1%}  {wp['rank_gap_us']['median']:6.2f}"
                           f"  {tr['step_us']['median']:6.2f} / {tr['tile_gap_us']['median']:7.2f}"
                           f"  {tr['gap_share']:8.1%}  {ph['epilogue_us']['median']:8.2f} /"
-                          f" {ph['kv_wait_us']['median']:7.2f} / {ph['first_q_us']['median']:8.2f}  {ph['share']:6.1%}",
+                          f" {ph['kv_wait_us']['median']:7.2f} / {ph['first_q_us']['median']:8.2f}  {ph['share']:6.1%}"
+                          f"  {ph['step_us']['median']:5.2f} / {ph['q_wait_us']['median']:4.2f} /"
+                          f" {ph['do_wait_us']['median']:4.2f} / {ph['acquire_us']['median']:4.2f}",
                           flush=True)
     if args.raw:
         np.savez_compressed(args.raw, **raw)

@@ -57,11 +57,11 @@ def test_tile_phases_skip_each_ctas_first_tile():
     """CTA 0 runs tiles 0 and 2, CTA 1 tiles 1 and 3; tile 4 ran no step (-1). A CTA's first tile waits for the
     launch, so only tiles 2 and 3 count. Clock 1 GHz: cycles = ns."""
     rec = np.full((5, len(TILE_FIELDS)), -1, dtype=np.int64)
-    #        kv_wait_ns  kv_wait  first_q  epilogue  cta
-    rec[0] = (1000, 9000, 100, 700, 0)
-    rec[2] = (50000, 2000, 300, 900, 0)
-    rec[1] = (1200, 8000, 100, 800, 1)
-    rec[3] = (52000, 4000, 500, 1100, 1)
+    #        kv_wait_ns  kv_wait  first_q  epilogue  cta  q_wait  do_wait  acquire  loop  steps
+    rec[0] = (1000, 9000, 100, 700, 0, 400, 0, 800, 20000, 10)
+    rec[2] = (50000, 2000, 300, 900, 0, 600, 0, 1200, 24000, 10)
+    rec[1] = (1200, 8000, 100, 800, 1, 200, 100, 400, 8000, 4)
+    rec[3] = (52000, 4000, 500, 1100, 1, 2000, 100, 0, 10000, 4)
     p = tile_phases(rec, clock_ghz=1.0)
     assert p["tiles"] == 2
     assert p["kv_wait_us"]["median"] == pytest.approx(3.0)
@@ -69,6 +69,11 @@ def test_tile_phases_skip_each_ctas_first_tile():
     assert p["epilogue_us"]["median"] == pytest.approx(1.0)
     # Spans 49 + 50.8 us from first to last tile start; the changes: tiles 0/1's epilogues and tiles 2/3's waits.
     assert p["share"] == pytest.approx((0.7 + 0.8 + 2.0 + 0.3 + 4.0 + 0.5) / (49.0 + 50.8))
+    # Per step, over every tile that ran one (first tiles included): tiles' sums / their steps, in us.
+    assert p["step_us"]["median"] == pytest.approx(np.median([2.0, 2.4, 2.0, 2.5]))
+    assert p["q_wait_us"]["mean"] == pytest.approx((0.04 + 0.06 + 0.05 + 0.5) / 4)
+    assert p["do_wait_us"]["median"] == pytest.approx(0.0125)
+    assert p["acquire_us"]["median"] == pytest.approx(np.median([0.08, 0.12, 0.1, 0.0]))
     with pytest.raises(ValueError, match="tile records must have shape"):
         tile_phases(np.zeros((3, 4)))
 
@@ -115,4 +120,8 @@ def test_record_on_gpu():
     ran = tile_rec[:, 0] >= 0
     assert int(ran.sum()) == tiles
     assert bool((tile_rec[ran][:, 1:4] >= 0).all())
+    # The step loop's waits fit in it, and its steps are the tile's (one per dQ record of its K/V tile).
+    assert bool((tile_rec[ran][:, 5:9] >= 0).all())
+    assert bool((tile_rec[ran][:, 5:8].sum(dim=1) <= tile_rec[ran][:, 8]).all())
+    assert int(tile_rec[ran][:, 9].sum()) == int(valid.sum())
     assert set(tile_rec[ran][:, 4].tolist()) == set((packed >> 32).tolist())

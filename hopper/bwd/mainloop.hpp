@@ -136,11 +136,15 @@ struct BwdMainloop {
                     if constexpr (DoStates::kOwnState) { sdo = pipe_read_do.index(); }
                     Tensor tSacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
                     Tensor tdPacc = partition_fragment_C(mma_sdp, typename Traits::ShapeS{});
+                    tile_timeline.wait_begin();
                     pipeline_q.consumer_wait(pipe_read);
+                    tile_timeline.wait_end(TileTimeline::kQ);
                     if (k == 0) { tile_timeline.first_q_ready(); }
                     gemm_ab<true, kSwap>(mma_sdp, tSrK, tSrQ(_, _, _, s), tSacc);
+                    tile_timeline.wait_begin();
                     if constexpr (DoStates::kOwnState) { pipeline_do.consumer_wait(pipe_read_do); }
                     else { pipeline_do.consumer_wait(pipe_read); }
+                    tile_timeline.wait_end(TileTimeline::kdO);
                     gemm_ab<true, kSwap>(mma_sdp, tdPrV, tdPrdO(_, _, _, sdo), tdPacc);
                     warpgroup_wait<1>();
                     if constexpr (Is_softcap) {  // before the mask: a masked score stays -inf
@@ -250,7 +254,9 @@ struct BwdMainloop {
                     }
                     // Hand the dQ tile to the store warp (accumulator order, float4 per thread).
                     float* const sdq = Handoff::slice(ss.smem_dqacc, wg);
+                    tile_timeline.wait_begin();
                     Handoff::mma_acquire(wg);
+                    tile_timeline.wait_end(TileTimeline::kAcquire);
                     CUTLASS_PRAGMA_UNROLL
                     for (int j = 0; j < Traits::kdQFragSize / 4; ++j) {
                         float4 v = make_float4(tdQacc(4 * j), tdQacc(4 * j + 1), tdQacc(4 * j + 2), tdQacc(4 * j + 3));
@@ -268,6 +274,7 @@ struct BwdMainloop {
                     if constexpr (DoStates::kOwnState) { ++pipe_read_do; }
                     if constexpr (!kSwap) { ds_stage ^= 1; }
                     cursor.advance(steps);
+                    tile_timeline.step_done();
                 }
                 ++kv_iter;
             }

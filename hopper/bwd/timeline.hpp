@@ -58,19 +58,28 @@ struct StepTimeline {
 #endif
 };
 
-// The MMA warpgroups' side of a change of K/V tile (thread 0 records), after the dQ records (one per (b, query head,
-// m tile, rank)): int64 x kFields at (dq_records + t) * kFields for the policy's tile t:
+// The MMA warpgroups' side of each K/V tile (thread 0 records), after the dQ records (one per (b, query head, m tile,
+// rank), StepTimeline::kFields each): int64 x kFields at dq_records * StepTimeline::kFields + t * kFields for the
+// policy's tile t:
 //   [0] %globaltimer (ns) when the wait for the tile's K/V began   [1] cycles of that wait
 //   [2] cycles then waiting for its first Q/dO stage                 [3] cycles of its dK/dV epilogue   [4] CTA
+//   [5] [6] [7] cycles, summed over the tile's steps, waiting for Q (the first step's included), for dO, and for the dQ
+//   hand-off buffer (the store warp's release)                       [8] cycles of the step loop   [9] steps
+// (the waits tell the step's stalls on the rank chain, through the hand-off buffer, from those on the loads).
 struct TileTimeline {
-    static constexpr int kFields = 5;
+    static constexpr int kFields = 10;
+    enum Wait { kQ = 5, kdO = 6, kAcquire = 7 };
 #if FLASH_DASH_BWD_TIMELINE && defined(__CUDA_ARCH__)
     long long* rec;
     long long t = 0;
+    long long wait_start = 0;
+    long long waited[3] = {0, 0, 0};
+    int steps = 0;
     __device__ TileTimeline(long long* base, SchedShape const& sched, int query_heads, int tile, bool leader)
         : rec(base == nullptr || !leader
                   ? nullptr
-                  : base + (int64_t(sched.batch) * query_heads * sched.num_m * sched.num_n + tile) * kFields) {}
+                  : base + int64_t(sched.batch) * query_heads * sched.num_m * sched.num_n * StepTimeline::kFields +
+                        int64_t(tile) * kFields) {}
     __device__ void kv_wait() {
         if (rec == nullptr) return;
         rec[0] = global_ns();
@@ -85,19 +94,35 @@ struct TileTimeline {
     __device__ void first_q_ready() {
         if (rec != nullptr) rec[2] = clock64() - t;
     }
+    // Around a wait of the step loop: its cycles are added to field `wait`.
+    __device__ void wait_begin() {
+        if (rec != nullptr) wait_start = clock64();
+    }
+    __device__ void wait_end(Wait wait) {
+        if (rec != nullptr) waited[wait - kQ] += clock64() - wait_start;
+    }
+    __device__ void step_done() { ++steps; }
     __device__ void epilogue_begin() {
-        if (rec != nullptr) t = clock64();
+        if (rec == nullptr) return;
+        long long const now = clock64();
+        rec[8] = steps > 0 ? now - t : 0;  // t: kv_ready's
+        t = now;
     }
     __device__ void epilogue_end(int cta) {
         if (rec == nullptr) return;
         rec[3] = clock64() - t;
         rec[4] = cta;
+        for (int i = 0; i < 3; ++i) { rec[kQ + i] = waited[i]; }
+        rec[9] = steps;
     }
 #else
     __device__ TileTimeline(long long*, SchedShape const&, int, int, bool) {}
     __device__ void kv_wait() {}
     __device__ void kv_ready() {}
     __device__ void first_q_ready() {}
+    __device__ void wait_begin() {}
+    __device__ void wait_end(Wait) {}
+    __device__ void step_done() {}
     __device__ void epilogue_begin() {}
     __device__ void epilogue_end(int) {}
 #endif
