@@ -4,7 +4,8 @@
 
 For every function, the loops are the backward branches (a BRA to a lower address); the step loop is the smallest
 loop that holds the most HGMMA instructions. Prints its instruction count, HGMMA count and the N most frequent
-opcodes (R2UR, IMAD, ... : the non-MMA work each step issues), so two builds can be compared without a GPU.
+opcodes (R2UR, IMAD, ... : the non-MMA work each step issues) and its local-memory accesses (spills; each object's
+total last), so two builds can be compared without a GPU.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def main() -> int:
     for obj in sorted(args.build.glob("*.o")):
         funcs = sass_functions(obj, cuobjdump)
         names = dict(zip(funcs, demangle(list(funcs))))
+        local_total, local_kernels = 0, 0
         for mangled, body in funcs.items():
             pretty = names[mangled]
             if args.filter not in pretty or "kernel" not in pretty:
@@ -84,8 +86,12 @@ def main() -> int:
                 continue
             hist = collections.Counter(opcode(x) for x in loop)
             top = " ".join(f"{op}:{n}" for op, n in hist.most_common(args.top))
+            local = hist["LDL"] + hist["STL"]  # spilled values reloaded or saved every step
+            local_total += local
+            local_kernels += local > 0
             print(f"{obj.stem}  {pretty[:150]}\n    step loop {len(loop)} instr, HGMMA {hist['HGMMA']}, "
-                  f"R2UR {hist['R2UR']} | {top}")
+                  f"R2UR {hist['R2UR']}, local {local} | {top}")
+        print(f"{obj.stem}: {local_total} local accesses (LDL/STL) in the step loops of {local_kernels} kernels")
     return 0
 
 
