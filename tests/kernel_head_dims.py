@@ -47,9 +47,9 @@ DTYPES = (torch.bfloat16, torch.float16)
 
 def built_only() -> bool:
     """``FLASH_DASH_TEST_BUILT_ONLY=1``: the tests cover only what this build compiled, for a subset build on the
-    device (a variant linked as bf16 hdim 64/128, say; some tests run bf16 hdim 64 or 128 whatever the list, so keep
-    those in). Without it a build that lacks a default-build head dim or a dtype fails those tests instead of leaving
-    them out."""
+    device (a variant linked as bf16 hdim 64/128, say; the tests that always run bf16 hdim 64 or 128 are reported as
+    skipped when the build lacks them: tests/conftest.py). Without it a build that lacks a default-build head dim or a
+    dtype fails those tests instead of leaving them out."""
     return os.environ.get("FLASH_DASH_TEST_BUILT_ONLY") == "1"
 
 
