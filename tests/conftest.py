@@ -42,4 +42,4 @@ def pytest_runtest_makereport(item, call):
     found = _NOT_BUILT.search(str(call.excinfo.value))
     if found is not None:
         report.outcome = "skipped"
-        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: not built: {found.group(0)}")
+        report.longrepr = (report.location[0], report.location[1] or 0, f"Skipped: not built: {found.group(0)}")
