@@ -177,13 +177,9 @@ def tile_phases(tiles: torch.Tensor | np.ndarray, clock_ghz: float = 1.98) -> di
     span_us = float((rec[later, 0] - rec[np.flatnonzero(later) - 1, 0]).sum()) * 1e-3 if later.any() else 0.0
     spent_us = float(rec[earlier, 3].sum() + rec[later, 1].sum() + rec[later, 2].sum()) * to_us
     # Per step, each tile's sums over its steps (every tile that ran one, a CTA's first included).
-    per_step = {}
-    if rec.size:
-        steps = np.maximum(rec[:, 9], 1)
-        for key, i in (("step_us", 8), ("q_wait_us", 5), ("do_wait_us", 6), ("acquire_us", 7)):
-            per_step[key] = _stats(rec[:, i] / steps * to_us)
-    else:
-        per_step = {key: _stats(np.zeros(0)) for key in ("step_us", "q_wait_us", "do_wait_us", "acquire_us")}
+    steps = np.maximum(rec[:, 9], 1)
+    per_step = {key: _stats(rec[:, i] / steps * to_us)
+                for key, i in (("step_us", 8), ("q_wait_us", 5), ("do_wait_us", 6), ("acquire_us", 7))}
     return {"tiles": int(later.sum()), "kv_wait_us": _stats(kv), "first_q_us": _stats(first_q),
             "epilogue_us": _stats(epi), "share": spent_us / span_us if span_us > 0 else 0.0, **per_step}
 
