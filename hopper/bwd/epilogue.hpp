@@ -4,7 +4,8 @@
 // It also hands the tile's K/V buffers back to the producer (barrier_kv_empty) once it is done with them.
 // Stores go through shared memory (the P/dS buffers for plain layouts, the K/V buffers for swapped ones), then out
 // in 16-byte row chunks: stored from the accumulators' layout (4-byte pieces, a row per lane quad; swapped dK/dV
-// 2-byte ones), the writes kept the MMA warpgroups 5-12 us per K/V tile.
+// 2-byte ones), the writes kept the MMA warpgroups 5-12 us per K/V tile. The GQA adds likewise (fp32 rows in the
+// K/V buffers, 16-byte reductions), instead of 8-byte atomics from the accumulators' layout.
 #pragma once
 #include <cute/tensor.hpp>
 #include <cutlass/arch/barrier.h>
@@ -22,19 +23,18 @@ namespace bwd {
 // accumulators and counters at its key tile seq.n_start of each K/V head's (unfolded sequences only).
 template <class Traits, bool Deterministic, bool GqaFold, bool Varlen>
 struct BwdEpilogue {
-    // dK and dV have their own head dims (Traits::kHeadDim, kHeadDimV): one loop walks both accumulators, element i of
-    // each (dV's may be the shorter), each at its own column. Element i of both has the same key: their GEMMs share
-    // the key split and the accumulator's value layout up to the head-dim extent (plain: one 64 x d atom, keys on its
-    // rows; swapped: one MMA, keys on its N), so one bound check covers both stores, as when they had one shape.
+    // dK and dV have their own head dims (Traits::kHeadDim, kHeadDimV): each is staged with its own element
+    // coordinates and row length.
     using Element = typename Traits::Element;
     using ClusterBar = cutlass::arch::ClusterBarrier;
     static constexpr int kChunkElems = 16 / sizeof(Element);
 
-    // A kRows x kCols row-major copy of a tile in shared memory, each row's 16-byte chunks rotated by the row (mod 8),
-    // so that a warp's accumulator writes (8 rows, one chunk column) and its reads (consecutive chunks of a row) hit
-    // distinct banks.
-    template <int kCols>
+    // A row-major copy of a tile in shared memory (kCols elements of type T per row), each row's 16-byte chunks
+    // rotated by the row (mod 8), so that a warp's accumulator writes (8 rows, one or two chunk columns) and its reads
+    // (consecutive chunks of a row) hit distinct banks.
+    template <class T, int kCols>
     struct StagedRows {
+        static constexpr int kChunkElems = 16 / sizeof(T);
         static constexpr int kChunks = kCols / kChunkElems;
         static_assert(kCols % kChunkElems == 0 && kChunks >= 8, "a row needs at least 8 chunks of 16 bytes");
         CUTLASS_DEVICE static int chunk_offset(int row, int chunk) {
@@ -43,6 +43,12 @@ struct BwdEpilogue {
         CUTLASS_DEVICE static int offset(int row, int col) {
             return chunk_offset(row, col / kChunkElems) + col % kChunkElems;
         }
+        // f(row, chunk) for every 16-byte chunk of rows [0, kRows), spread over the MMA threads.
+        template <int kRows, class F>
+        CUTLASS_DEVICE static void for_each_chunk(int tid, F&& f) {
+            CUTLASS_PRAGMA_UNROLL
+            for (int idx = tid; idx < kRows * kChunks; idx += Traits::NumMmaThreads) { f(idx / kChunks, idx % kChunks); }
+        }
     };
 
     // Rows [n_base, seqlen_k) of a kBlockN x kCols tile to out (row stride `ld`), 16 bytes per store: the staged
@@ -50,17 +56,27 @@ struct BwdEpilogue {
     template <int kCols, bool kStaged = true>
     CUTLASS_DEVICE static void store_rows(Element const* staged, Element* out, int64_t ld, int n_base, int seqlen_k,
                                           int tid) {
-        using Rows = StagedRows<kCols>;
-        constexpr int kTotal = Traits::kBlockN * Rows::kChunks;
-        CUTLASS_PRAGMA_UNROLL
-        for (int idx = tid; idx < kTotal; idx += Traits::NumMmaThreads) {
-            int const row = idx / Rows::kChunks, chunk = idx % Rows::kChunks;
+        using Rows = StagedRows<Element, kCols>;
+        Rows::template for_each_chunk<Traits::kBlockN>(tid, [&](int row, int chunk) {
             if (n_base + row < seqlen_k) {
                 uint4 v{0, 0, 0, 0};
                 if constexpr (kStaged) { v = *reinterpret_cast<uint4 const*>(staged + Rows::chunk_offset(row, chunk)); }
                 *reinterpret_cast<uint4*>(out + (n_base + row) * ld + chunk * kChunkElems) = v;
             }
-        }
+        });
+    }
+
+    // GQA: one half of a key tile's fp32 dK or dV (the keys of 8-key groups of parity `round`, staged row r holding
+    // key (r / 8) * 16 + round * 8 + r % 8) added to its accumulator rows (row-major, kCols floats), 16 bytes per
+    // reduction.
+    template <int kCols>
+    CUTLASS_DEVICE static void add_rows(float const* staged, float* out, int round, int tid) {
+        using Rows = StagedRows<float, kCols>;
+        Rows::template for_each_chunk<Traits::kBlockN / 2>(tid, [&](int row, int chunk) {
+            int const key = (row >> 3) * 16 + round * 8 + (row & 7);
+            float4 const v = *reinterpret_cast<float4 const*>(staged + Rows::chunk_offset(row, chunk));
+            atomicAdd(reinterpret_cast<float4*>(out + key * kCols + chunk * 4), v);
+        });
     }
 
     // kv_loaded: the tile ran steps, so its K/V are in the buffers (a tile without steps loads none, and the
@@ -82,8 +98,6 @@ struct BwdEpilogue {
         auto key_of = [&](auto const& tc, int i) { return int(get<Traits::kKeyMode>(tc(i))); };
         auto col_of = [&](auto const& tc, int i) { return int(get<1 - Traits::kKeyMode>(tc(i))); };
         constexpr int kVec = Traits::kSwapdKV ? 1 : 2;
-        constexpr int kElemsK = decltype(size(tdKacc))::value, kElemsV = decltype(size(tdVacc))::value;
-        constexpr int kElems = kElemsK > kElemsV ? kElemsK : kElemsV;
         float const scale = params.softmax_scale;
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tdKacc); ++i) { tdKacc(i) *= scale; }
@@ -114,7 +128,7 @@ struct BwdEpilogue {
             cutlass::NumericArrayConverter<Element, float, kVec> cvt;
             // Accumulator -> its staged rows (kCols: its head dim).
             auto stage = [&](auto const& acc, auto const& tc, Element* buf, auto cols) {
-                using Rows = StagedRows<decltype(cols)::value>;
+                using Rows = StagedRows<Element, decltype(cols)::value>;
                 CUTLASS_PRAGMA_UNROLL
                 for (int i = 0; i < decltype(size(acc))::value; i += kVec) {
                     cutlass::Array<float, kVec> x;
@@ -145,7 +159,6 @@ struct BwdEpilogue {
                 ClusterBar::arrive(&ss.barrier_kv_empty);
             }
         } else {
-            if (kv_loaded) { ClusterBar::arrive(&ss.barrier_kv_empty); }  // the adds below read registers only
             // GQA: fp32 accumulators (B, Hk, N*kBlockN, d) row-major (d: dK's or dV's head dim), padded rows (no
             // bounds check).
             int64_t const tile = Varlen ? int64_t(hk) * params.varlen_n_cap + seq.n_start + c.n
@@ -153,24 +166,50 @@ struct BwdEpilogue {
             float* dk = params.dk_accum + tile * int64_t(kBlockN * kHeadDim);
             float* dv = params.dv_accum + tile * int64_t(kBlockN * kHeadDimV);
             int* sem = params.dkv_sem + (Varlen ? tile : (int64_t(c.n) * sched.batch + c.b) * sched.heads_k + hk);
-            if constexpr (Deterministic) {
-                cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+            // Deterministic: this head's adds land after those of the heads before it in its group.
+            auto wait_turn = [&] {
                 if (tid == 0) { wait_eq(sem, c.h % params.group); }
                 cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
-            }
-            // Pairs of adjacent columns as one 8-byte reduction (REDG.F32x2): half the atomics of scalar adds.
-            auto add = [&](auto const& acc, auto const& tc, float* out, int head_dim, int i) {
-                int const off = key_of(tc, i) * head_dim + col_of(tc, i);
-                if constexpr (kVec == 2) {
-                    atomicAdd(reinterpret_cast<float2*>(out + off), make_float2(acc(i), acc(i + 1)));
-                } else {
-                    atomicAdd(out + off, acc(i));
-                }
             };
-            CUTLASS_PRAGMA_UNROLL
-            for (int i = 0; i < kElems; i += kVec) {
-                if (i < kElemsK) { add(tdKacc, tcK, dk, kHeadDim, i); }
-                if (i < kElemsV) { add(tdVacc, tcV, dv, kHeadDimV, i); }
+            if (kv_loaded) {  // (a tile without steps has nothing to add)
+                // Staged in fp32 in the K/V buffers, twice a bf16 row's bytes: two rounds, the 8-key groups of one
+                // parity each (dK's rows in K's buffer, dV's in V's), then added row by row.
+                static_assert(kBlockN % 16 == 0 && kBlockN * kHeadDim <= cute::cosize_v<typename Traits::SmemLayoutK> &&
+                              kBlockN * kHeadDimV <= cute::cosize_v<typename Traits::SmemLayoutV>);
+                float* sk = reinterpret_cast<float*>(ss.smem_k.data());
+                float* sv = reinterpret_cast<float*>(ss.smem_v.data());
+                auto stage = [&](auto const& acc, auto const& tc, float* buf, auto cols, int round) {
+                    using Rows = StagedRows<float, decltype(cols)::value>;
+                    CUTLASS_PRAGMA_UNROLL
+                    for (int i = 0; i < decltype(size(acc))::value; i += kVec) {
+                        int const key = key_of(tc, i);
+                        if (((key >> 3) & 1) == round) {
+                            float* dst = buf + Rows::offset((key >> 4) * 8 + (key & 7), col_of(tc, i));
+                            if constexpr (kVec == 2) {
+                                *reinterpret_cast<float2*>(dst) = make_float2(acc(i), acc(i + 1));
+                            } else {
+                                *dst = acc(i);
+                            }
+                        }
+                    }
+                };
+                CUTLASS_PRAGMA_UNROLL
+                for (int round = 0; round < 2; ++round) {
+                    // Round 0: both warpgroups' last GEMMs (S, dP and dQ read K/V) have retired; round 1: round 0's
+                    // rows have been read.
+                    cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+                    stage(tdKacc, tcK, sk, Int<kHeadDim>{}, round);
+                    stage(tdVacc, tcV, sv, Int<kHeadDimV>{}, round);
+                    cutlass::arch::NamedBarrier::sync(Traits::NumMmaThreads, uint32_t(BwdBarrier::Epilogue));
+                    if (Deterministic && round == 0) { wait_turn(); }
+                    add_rows<kHeadDim>(sk, dk, round, tid);
+                    add_rows<kHeadDimV>(sv, dv, round, tid);
+                }
+                // This thread's reads of the buffers are done: the producer may refill them.
+                cutlass::arch::fence_view_async_shared();
+                ClusterBar::arrive(&ss.barrier_kv_empty);
+            } else if constexpr (Deterministic) {
+                wait_turn();
             }
             if constexpr (Deterministic) {
                 __threadfence();
