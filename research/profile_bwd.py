@@ -1,10 +1,11 @@
 """Where the backward's time goes: per-kernel GPU time of one flash_attn_dash backward (torch.profiler).
 
-    python research/profile_bwd.py [--hdim 128] [--seqlen 512,2048,8192] [--causal] [--deterministic]
+    python research/profile_bwd.py [--hdim 128] [--seqlen 512,2048,8192] [--causal] [--deterministic] [--varlen]
 
 Same shapes as bench_attn.py (16k tokens, hidden 2048). Prints, per shape, each kernel's mean time per
 backward and its share, so the fixed per-token costs (preprocess, dQ postprocess) can be weighed
-against the main kernel. A diagnostic, not a benchmark: profiler timestamps, no peer.
+against the main kernel. --varlen: also the same batch as one uniform pack through flash_attn_varlen_func (where the
+varlen path's extra time goes, beside the dense call). A diagnostic, not a benchmark: profiler timestamps, no peer.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ def _short(name: str) -> str:
     return "".join(out).split("::")[-1] or name
 
 
-def profile_one(seqlen: int, hdim: int, causal: bool, deterministic: bool, iters: int) -> list[tuple[str, float]]:
+def profile_one(seqlen: int, hdim: int, causal: bool, deterministic: bool, iters: int,
+                varlen: bool = False) -> list[tuple[str, float]]:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -39,9 +41,16 @@ def profile_one(seqlen: int, hdim: int, causal: bool, deterministic: bool, iters
 
     heads = bc.HIDDEN // hdim
     batch = max(1, bc.TOKENS_PER_BATCH // seqlen)
-    q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-               for _ in range(3))
-    out = flash_attn_dash.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
+    if varlen:
+        q, k, v = (torch.randn(batch * seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        cu = torch.arange(0, batch + 1, device="cuda", dtype=torch.int32) * seqlen
+        out = flash_attn_dash.flash_attn_varlen_func(q, k, v, cu, cu, seqlen, seqlen, causal=causal,
+                                                     deterministic=deterministic)
+    else:
+        q, k, v = (torch.randn(batch, seqlen, heads, hdim, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        out = flash_attn_dash.flash_attn_func(q, k, v, causal=causal, deterministic=deterministic)
     dout = torch.randn_like(out)
     for _ in range(3):
         torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)
@@ -64,14 +73,18 @@ def main(argv=None) -> int:
     p.add_argument("--causal", action="store_true")
     p.add_argument("--deterministic", action="store_true")
     p.add_argument("--iters", type=int, default=10)
+    p.add_argument("--varlen", action="store_true", help="also profile the batch as one uniform varlen pack")
     args = p.parse_args(argv)
     for s in (int(x) for x in args.seqlen.split(",")):
-        rows = profile_one(s, args.hdim, args.causal, args.deterministic, args.iters)
-        total = sum(t for _, t in rows)
-        mode = "det" if args.deterministic else "non-det"
-        print(f"\nhdim {args.hdim} {'causal' if args.causal else 'full'} {mode} seqlen {s}: {total:.1f} us per backward")
-        for name, t in rows:
-            print(f"  {t:9.1f} us  {100 * t / total:5.1f}%  {name}")
+        for varlen in (False, True) if args.varlen else (False,):
+            rows = profile_one(s, args.hdim, args.causal, args.deterministic, args.iters, varlen)
+            total = sum(t for _, t in rows)
+            mode = "det" if args.deterministic else "non-det"
+            api = "varlen pack" if varlen else "dense"
+            print(f"\nhdim {args.hdim} {'causal' if args.causal else 'full'} {mode} seqlen {s} {api}: "
+                  f"{total:.1f} us per backward")
+            for name, t in rows:
+                print(f"  {t:9.1f} us  {100 * t / total:5.1f}%  {name}")
     return 0
 
 
