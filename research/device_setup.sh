@@ -2,7 +2,8 @@
 # Installs the CUTLASS headers from the carried wheel (`.whl/nvidia_cutlass-*.whl`: pip download --no-deps
 # nvidia-cutlass==4.2.0.0 -d .whl on the CPU machine; the GPU machine cannot download) into /tmp/cutlass once per
 # machine and puts it on PYTHONPATH, then unpacks each `research/prebuild.sh` pack into /tmp/pb (a pack's folder:
-# /tmp/pb/NAME, for FLASH_DASH_PREBUILT_DIR or patch_ab.sh's AB_PREBUILT=/tmp/pb).
+# /tmp/pb/NAME, for FLASH_DASH_PREBUILT_DIR or patch_ab.sh's AB_PREBUILT=/tmp/pb; a slim pack's objects left out are
+# copied from the pack it names, which must come in the same call).
 if [ ! -d /tmp/cutlass/cutlass_library ]; then
   python3 -m pip install -q --no-deps --target /tmp/cutlass .whl/nvidia_cutlass-*.whl > /tmp/cutlass-install.log 2>&1 \
     || { echo "device_setup: the cutlass wheel did not install"; tail -5 /tmp/cutlass-install.log; }
@@ -10,4 +11,12 @@ fi
 export PYTHONPATH="/tmp/cutlass${PYTHONPATH:+:$PYTHONPATH}"
 mkdir -p /tmp/pb
 for _pack in "$@"; do tar -xJf "$_pack" -C /tmp/pb || echo "device_setup: $_pack did not unpack"; done
+# A slim pack (prebuild.sh FROM=DIR) names in `from` the pack whose identical objects it left out.
+for _from in /tmp/pb/*/from; do
+  [ -e "$_from" ] || continue
+  for _stamp in "${_from%/from}"/*.digest; do
+    _obj=${_stamp%.digest}.o
+    [ -e "$_obj" ] || cp "/tmp/pb/$(cat "$_from")/${_obj##*/}" "$_obj" || echo "device_setup: $_obj missing"
+  done
+done
 echo "device_setup: packs in /tmp/pb: $(ls /tmp/pb | tr '\n' ' ')"

@@ -173,19 +173,24 @@ def test_patch_ab_relinks_only_for_kernel_changes(tmp_path):
         assert res.returncode == rc, (path.name, res.stderr)
 
 
-def test_prebuild_reuses_forward_objects_only_for_bwd_patches(tmp_path):
-    """research/prebuild.sh's bwd_only: FWD_FROM's forward objects stand in for a patch's only when it touches
-    nothing outside hopper/bwd/ (a header elsewhere, e.g. hopper/common/, may change the forward's code)."""
-    func = _shell_function("prebuild.sh", "bwd_only")
+def test_prebuild_reuses_objects_only_of_units_the_patch_cannot_reach(tmp_path):
+    """research/prebuild.sh's reaches: FROM's object of a unit stands in for the patched tree's only when the unit's
+    #include closure under hopper/ holds no file the patches touch (the unit itself included)."""
+    func = _shell_function("prebuild.sh", "reaches")
 
     def patch(name: str, paths: list[str]):
         return _write_patch(tmp_path / name, paths)
 
-    cases = {(patch("bwd.patch", ["hopper/bwd/epilogue.hpp", "hopper/bwd/mainloop.hpp"]),): 0,
-             (patch("common.patch", ["hopper/common/utils.hpp"]),): 1,
-             (patch("table.patch", ["flash_attn_dash/variants.py", "hopper/generated/bwd_hdim128_bf16.cu"]),): 1,
-             (tmp_path / "bwd.patch", patch("fwd.patch", ["hopper/fwd/mainloop.hpp"])): 1}
-    for paths, rc in cases.items():
-        res = subprocess.run(["bash", "-c", f'{func}\nbwd_only "$@"', "-", *map(str, paths)], cwd=ROOT,
-                             capture_output=True, text=True, timeout=60)
-        assert res.returncode == rc, ([p.name for p in paths], res.stderr)
+    fwd, bwd = "hopper/generated/fwd_hdim128_bf16.cu", "hopper/generated/bwd_hdim128_bf16.cu"
+    cases = {(fwd, patch("bwd.patch", ["hopper/bwd/epilogue.hpp", "hopper/bwd/mainloop.hpp"])): 1,
+             (fwd, patch("policies.patch", ["hopper/schedule/policies.hpp", "flash_attn_dash/schedule/orders.py"])): 1,
+             (bwd, tmp_path / "policies.patch"): 0,
+             (fwd, patch("common.patch", ["hopper/common/utils.hpp"])): 0,
+             (bwd, tmp_path / "common.patch"): 0,
+             (fwd, patch("unit.patch", ["flash_attn_dash/variants.py", fwd])): 0,
+             (bwd, tmp_path / "unit.patch"): 1,
+             (fwd, tmp_path / "bwd.patch", patch("fwd.patch", ["hopper/fwd/mainloop.hpp"])): 0}
+    for (unit, *paths), rc in cases.items():
+        res = subprocess.run(["bash", "-c", f'{func}\nreaches "$@"', "-", str(ROOT), unit, *map(str, paths)],
+                             cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert res.returncode == rc, (unit, [p.name for p in paths], res.stderr)
