@@ -314,7 +314,8 @@ void bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, c
     run_bwd_entry(p, q);
 }
 
-// The packed backward, into zero-filled dq/dk/dv (rows no tile writes stay 0): tensors as for varlen_fwd_out, the
+// The packed backward: writes every used row of dq/dk/dv (those of no query or key get zeros; rows past seqused_* are
+// the caller's, flash_attn_dash.varlen_cuda.kernel_backward_into): tensors as for varlen_fwd_out, the
 // launch resolved by flash_attn_dash.varlen_cuda (a portable order, or descending when not deterministic).
 void varlen_bwd_out(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                     const at::Tensor& out, const at::Tensor& lse, const at::Tensor& cu_seqlens_q,

@@ -125,7 +125,7 @@ def varlen_bwd_qkvpacked(dout: torch.Tensor, qkv: torch.Tensor, out: torch.Tenso
                          learnable_sink: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Backward of the varlen qkv-packed attention: dqkv shaped like qkv, zero on rows of no sequence's work, and
     dsink."""
-    dqkv = torch.zeros(qkv.shape, dtype=qkv.dtype, device=qkv.device)
+    dqkv = torch.empty(qkv.shape, dtype=qkv.dtype, device=qkv.device)  # every row written (varlen_backward_into)
     dsink = features.sink_grad_buffer(learnable_sink, qkv)
     varlen_backward_into(dout, *split_qkv(qkv, num_heads_q, _VARLEN), out, lse,
                          *split_qkv(dqkv, num_heads_q, _VARLEN), cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None,
@@ -149,8 +149,8 @@ def varlen_bwd_kvpacked(dout: torch.Tensor, q: torch.Tensor, kv: torch.Tensor, o
                         learnable_sink: torch.Tensor | None = None,
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Backward of the varlen kv-packed attention: dq, dkv shaped like kv, and dsink."""
-    dq = torch.zeros(q.shape, dtype=q.dtype, device=q.device)
-    dkv = torch.zeros(kv.shape, dtype=kv.dtype, device=kv.device)
+    dq = torch.empty(q.shape, dtype=q.dtype, device=q.device)  # every row written (varlen_backward_into)
+    dkv = torch.empty(kv.shape, dtype=kv.dtype, device=kv.device)
     dsink = features.sink_grad_buffer(learnable_sink, q)
     varlen_backward_into(dout, q, *split_kv(kv, _VARLEN), out, lse, dq, *split_kv(dkv, _VARLEN), cu_seqlens_q,
                          cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None, softmax_scale, causal, deterministic,

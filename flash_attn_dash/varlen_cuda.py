@@ -130,8 +130,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   seqused_k: torch.Tensor | None, softmax_scale: float, causal: bool, deterministic: bool,
                   schedule: str, sm_margin: int, window_size: tuple[int, int], softcap: float,
                   learnable_sink: torch.Tensor | None, dsink: torch.Tensor | None = None) -> None:
-    """``flash_attn_dash::varlen_bwd`` on CUDA tensors, into zero-filled gradients (and ``dsink``, zero-filled, with
-    a sink)."""
+    """``flash_attn_dash::varlen_bwd`` on CUDA tensors: every row of ``dq``/``dk``/``dv`` (which may hold anything)
+    is written, zeros where no used key or query is seen; ``dsink`` (with a sink) is zero-filled and receives the
+    sink's gradient."""
     _check(q, k, v, max_seqlen_q, max_seqlen_k, causal, window_size, softcap, learnable_sink is not None, sm_margin)
     if BWD_KERNEL_VALIDATED and kernel_backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k,
                                                      max_seqlen_q, max_seqlen_k, seqused_q, seqused_k, softmax_scale,
@@ -152,8 +153,11 @@ def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                          causal: bool, deterministic: bool, schedule: str, sm_margin: int,
                          window_size: tuple[int, int], softcap: float, learnable_sink: torch.Tensor | None,
                          dsink: torch.Tensor | None = None) -> bool:
-    """The varlen backward kernel into the zero-filled gradients, as :func:`backward_into` fills them; False (nothing
-    launched) when the request's order is not one the kernel runs (:func:`.launch.varlen_kernel_launch`)."""
+    """The varlen backward kernel into the gradients as :func:`backward_into` takes them; False (nothing launched)
+    when the request's order is not one the kernel runs (:func:`.launch.varlen_kernel_launch`). The offsets cover
+    every row, and the kernels write every used one: the dQ postprocess each query row (zeros for a sequence without
+    keys), the key tiles each key row (zeros from the tiles of a sequence without queries). Only rows past
+    ``seqused_*`` are no kernel's, so only those calls pay for a fill (a pass over the whole gradient)."""
     kernel_causal, window = features.kernel_mask(causal, window_size, softcap, max_seqlen_q, max_seqlen_k,
                                                  has_sink=learnable_sink is not None)
     decided = launch.varlen_kernel_launch(deterministic, schedule, q.shape[-1], k.shape[0], cu_seqlens_q.numel() - 1,
@@ -163,7 +167,14 @@ def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
         return False
     raise_pending_error(q.device)
     if q.shape[0] == 0 or k.shape[0] == 0:
-        return True  # no tile: the gradients stay 0
+        for grad in (dq, dk, dv):
+            grad.zero_()
+        return True  # no tile
+    if seqused_q is not None:
+        dq.zero_()
+    if seqused_k is not None:
+        dk.zero_()
+        dv.zero_()
     wants_dsink = learnable_sink is not None and dsink is not None
     sink = learnable_sink.to(torch.float32).contiguous() if wants_dsink else None
     torch.ops.flash_attn_dash.varlen_bwd_out(

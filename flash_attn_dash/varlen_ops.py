@@ -59,9 +59,9 @@ def varlen_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                          causal: bool, deterministic: bool, schedule: str, sm_margin: int, *,
                          window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                          learnable_sink: torch.Tensor | None = None, dsink: torch.Tensor | None = None) -> None:
-    """Fill zero-initialised ``dq``/``dk``/``dv`` (shaped like q, k, v; possibly views of one packed buffer) on any
-    device; rows no used query or key covers stay zero. With a sink, the zero-initialised ``dsink`` (heads,) fp32, if
-    given, receives its gradient summed over every sequence's rows."""
+    """Write every row of the gradients ``dq``/``dk``/``dv`` (shaped like q, k, v; possibly views of one packed
+    buffer; they may hold anything) on any device: zeros on rows no used query or key covers. With a sink, the
+    zero-initialised ``dsink`` (heads,) fp32, if given, receives its gradient summed over every sequence's rows."""
     if q.is_cuda:
         varlen_cuda.backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                   max_seqlen_k, seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule,
@@ -100,7 +100,7 @@ def varlen_bwd(
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed backward: (dq, dk, dv) shaped like (q, k, v) in their dtype, zero on rows no used query or key covers;
     and dsink (:func:`.features.sink_grad_buffer`)."""
-    dq, dk, dv = (torch.zeros(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))
+    dq, dk, dv = (torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in (q, k, v))  # every row written
     dsink = features.sink_grad_buffer(learnable_sink, q)
     varlen_backward_into(dout, q, k, v, out, lse, dq, dk, dv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
                          seqused_q, seqused_k, softmax_scale, causal, deterministic, schedule, sm_margin,

@@ -44,9 +44,12 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   softmax_scale: float, causal: bool, deterministic: bool, schedule: str, sm_margin: int, *,
                   window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
                   learnable_sink: torch.Tensor | None = None, dsink: torch.Tensor | None = None) -> None:
-    """Write each sequence's gradients into its rows of the zero-filled ``dq``/``dk``/``dv`` (shaped like q, k, v;
-    they may be views of one packed buffer); each sequence's backward asks for :func:`.varlen_request`'s order.
-    With a sink, each sequence's sink gradient is added into the zero-filled ``dsink`` (if given), in pack order."""
+    """Write each sequence's gradients into its rows of ``dq``/``dk``/``dv`` (shaped like q, k, v; they may be views
+    of one packed buffer and hold anything: they are zero-filled first, as sequences without work write no rows);
+    each sequence's backward asks for :func:`.varlen_request`'s order. With a sink, each sequence's sink gradient is
+    added into the zero-filled ``dsink`` (if given), in pack order."""
+    for grad in (dq, dk, dv):
+        grad.zero_()
     request = varlen_request(deterministic, schedule)
     accumulate_sink = learnable_sink is not None and dsink is not None
     for s in seqs:

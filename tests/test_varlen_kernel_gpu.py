@@ -3,8 +3,9 @@
 Each sequence's out and lse, and in deterministic mode its dq/dk/dv, must be the bits of its own dense call (the
 per-sequence path runs exactly those), for packs with empty and one-token sequences, queries without keys, q/k lengths
 differing per sequence, seqused_*, GQA/MQA, both masks, sliding windows, sinks and softcaps; non-deterministic
-gradients within the FlashAttention tolerance of the deterministic ones; bad offsets fill the outputs with NaN and the
-next call raises naming the argument; the kernel paths capture in a CUDA graph. Passing this file is what lifts
+gradients within the FlashAttention tolerance of the deterministic ones; every row of dq/dk/dv written (they come in
+poisoned); bad offsets fill the outputs with NaN and the next call raises naming the argument; the kernel paths capture
+in a CUDA graph. Passing this file is what lifts
 ``varlen_cuda.FWD_KERNEL_VALIDATED`` and ``BWD_KERNEL_VALIDATED``. Every case is marked ``gpu``.
 """
 import random
@@ -221,7 +222,8 @@ def _both_backwards(pack: Pack, dout: torch.Tensor, monkeypatch, deterministic: 
                         lambda *a, **kw: ran.append(kernel_backward_into(*a, **kw)) or ran[-1])
     for kernel in (False, True):
         monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", kernel)
-        grads = [torch.zeros_like(t) for t in (q, k, v)]
+        # Poisoned: both paths must write every row (zeros where no used key or query is seen).
+        grads = [torch.full_like(t, float("nan")) for t in (q, k, v)]
         sink = opts["learnable_sink"]
         dsink = None if sink is None else torch.zeros(sink.shape, dtype=torch.float32, device=q.device)
         varlen_cuda.backward_into(dout, q, k, v, out, lse, *grads, *layout, opts["softmax_scale"], opts["causal"],

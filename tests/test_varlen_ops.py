@@ -85,3 +85,30 @@ def test_compile_with_one_offsets_tensor_for_q_and_k():
     grads = torch.autograd.grad(torch.compile(step, fullgraph=True, backend="aot_eager")(q, k, v), (q, k, v))
     for g, r in zip(grads, torch.autograd.grad(step(q, k, v), (q, k, v))):
         torch.testing.assert_close(g, r)
+
+
+@pytest.mark.parametrize("with_seqused", [False, True], ids=["packed", "seqused"])
+def test_backward_into_writes_every_row(with_seqused):
+    """varlen_backward_into takes dq/dk/dv as they come (the ops allocate them without a fill) and writes every row:
+    zeros for a sequence without keys or queries and past seqused_*, the same bits as into zero-filled gradients."""
+    from flash_attn_dash.varlen_ops import varlen_backward_into
+
+    pack = make_pack([3, 4, 0, 5, 1], [2, 0, 4, 5, 3], heads=2, heads_k=1)
+    if with_seqused:
+        pack.used_q, pack.used_k = [2, 4, 0, 5, 0], [2, 0, 3, 3, 3]
+    a = pack.args()
+    q, k, v = (t.detach() for t in (pack.q, pack.k, pack.v))
+    index = (a["cu_seqlens_q"], a["cu_seqlens_k"], a["max_seqlen_q"], a["max_seqlen_k"], a["seqused_q"],
+             a["seqused_k"])
+    out, lse = torch.ops.flash_attn_dash.varlen_fwd(q, k, v, *index, 0.25, True, 0)
+    dout = torch.randn_like(out)
+    results = []
+    for fill in (0.0, float("nan")):
+        dq, dk, dv = (torch.full_like(t, fill) for t in (q, k, v))
+        varlen_backward_into(dout, q, k, v, out, lse, dq, dk, dv, *index, 0.25, True, True, "descending", 0)
+        results.append((dq, dk, dv))
+    for name, zeroed, poisoned in zip(("dq", "dk", "dv"), *results):
+        assert torch.equal(poisoned, zeroed), name
+    assert torch.equal(results[1][0][3:7], torch.zeros_like(q[3:7])), "the sequence without keys: dq rows not 0"
+    for grad in results[1][1:]:
+        assert torch.equal(grad[2:6], torch.zeros_like(grad[2:6])), "the sequence without queries: dk/dv rows not 0"

@@ -2,7 +2,7 @@
 offsets' checks (the first bad sequence, then the first rule it breaks, whatever the order threads find them), the
 sequence views with their first workspace tiles, and the tile table the persistent grids walk (every (sequence,
 block, head) once; sequences chunk by chunk in pack order, longest first within a chunk; within one sequence, heads outer on full-mask forwards, blocks longest first on
-causal ones, and on the backward's key blocks of sequences with queries blocks ascending over head slots, so that a
+causal ones, and on the backward's key blocks (every sequence's, with or without queries) blocks ascending over head slots, so that a
 rank predecessor and a GQA sibling predecessor come earlier), built chunk by chunk as the prepare CTA builds it. CPU
 only: needs g++ (or c++)."""
 from __future__ import annotations
@@ -185,7 +185,7 @@ def _model(c: dict) -> list[str]:
     # backward; sequences without tiles last), ties in pack order
     def cost(i):  # sequences without tiles go last
         lq, lk = lens[i]
-        has_tiles = (lq > 0 and lk > 0) if c["key_blocks"] else lq > 0
+        has_tiles = lk > 0 if c["key_blocks"] else lq > 0
         return (lq if c["key_blocks"] else lk) if has_tiles else -1
 
     order = []
@@ -196,7 +196,7 @@ def _model(c: dict) -> list[str]:
 
     for i in order:
         lq, lk = lens[i]
-        length = (lk if lq > 0 else 0) if c["key_blocks"] else lq
+        length = lk if c["key_blocks"] else lq
         blocks = -(-length // c["rows"])
         heads = tile_heads(i)
         heads_k = c["heads_k"] if not folded[i] else heads  # a folded sequence's tiles have one head per K/V head
@@ -205,7 +205,7 @@ def _model(c: dict) -> list[str]:
         elif c["order"] == LONGEST_FIRST:
             table += [f"T {i} {blk * heads + h}" for blk in range(blocks - 1, -1, -1) for h in range(heads)]
         else:  # key claims: the dense backward's (schedule.orders), claim groups of head slots
-            total = sum(tile_heads(j) * -(-((ln[1] if ln[0] > 0 else 0) if c["key_blocks"] else ln[0]) // c["rows"])
+            total = sum(tile_heads(j) * -(-(ln[1] if c["key_blocks"] else ln[0]) // c["rows"])
                         for j, ln in enumerate(lens))
             ctas = min(c.get("grid", 132), total)
             hg = claim_group(-(-lq // 64), heads, ctas)
@@ -328,7 +328,7 @@ def test_folded_sequences_have_one_tile_per_kv_head(mirror):
     expected = set()
     for i, (lq, lk) in enumerate(lens):
         heads = 2 if folded[i] else 8
-        expected |= {(i, n * heads + h) for n in range(-(-lk // 128) if lq > 0 else 0) for h in range(heads)}
+        expected |= {(i, n * heads + h) for n in range(-(-lk // 128)) for h in range(heads)}
     assert set(tiles) == expected
     for (seq, block_head), p in position.items():
         heads = 2 if folded[seq] else 8

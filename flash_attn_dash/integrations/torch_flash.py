@@ -533,8 +533,6 @@ def flash_attention_backward(
         _check_lse(logsumexp, (shape.heads, shape.total_q))
         scale, sm_margin = _options(scale, causal, shape.head_dim, q.device)
         grads = [_output(t) for t in (query, key, value)]
-        for _, target in grads:
-            target.zero_()  # rows no used query or key covers keep zero gradients
         with _aten_argument_names():
             varlen_ops.varlen_backward_into(dout, q, k, v, o, logsumexp.contiguous(), *(t for _, t in grads),
                                             cum_seq_q, cum_seq_k, max_q, max_k, None, None, scale, causal,

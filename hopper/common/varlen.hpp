@@ -152,7 +152,8 @@ FLASH_DASH_HD int varlen_tile_block_head(int j, int blocks, int heads, int heads
 }
 
 // What the table holds: forward tiles are query blocks (a sequence without keys still writes its rows), backward
-// tiles key blocks of sequences that have queries; `rows` per block. q_rows / k_rows: the blocks that VarlenSeq's
+// tiles key blocks (a sequence without queries still writes its dK/dV rows: zeros, from tiles of no step); `rows`
+// per block. q_rows / k_rows: the blocks that VarlenSeq's
 // m_start / n_start count.
 struct VarlenTiling {
     int rows, heads, heads_k;
@@ -220,7 +221,7 @@ FLASH_DASH_HD VarlenSeq varlen_seq(VarlenArgs const& a, int i, VarlenTiling cons
 
 // The blocks of a sequence's tiles (each has varlen_tile_heads tiles).
 FLASH_DASH_HD int varlen_blocks(VarlenSeq const& s, VarlenTiling const& t) {
-    int const len = t.key_blocks ? (s.len_q > 0 ? s.len_k : 0) : s.len_q;
+    int const len = t.key_blocks ? s.len_k : s.len_q;
     return (len + t.rows - 1) / t.rows;
 }
 
