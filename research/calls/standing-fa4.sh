@@ -5,7 +5,8 @@
 # (PACK, default main) and, for part 1's A/B, the patch's (slim packs name HEAD's, which travels with them);
 # .prebuilt/c3 HEAD's alone (part 2 carries FA4's larger part).
 #   1: link HEAD; with PATCH (research/patches/X.patch), its varlen GPU tests on its build and bench_varlen --quick
-#      at hdim 128 GQA 16/4 against HEAD (research/patch_ab.sh; the variant's build stays installed) (~330 s).
+#      at hdim 128 GQA 16/4 against HEAD (research/patch_ab.sh; the variant's build stays installed) (~330 s; TESTS1
+#      names fewer test files).
 #   2: FA4 installed from the two parts; the standing of the installed build beside FA4 and cuDNN: bench_attn hdim
 #      64/128 1k-16k and bench_varlen --quick (~250 s). If the machine went back between the calls, part 2 relinks
 #      HEAD first (and FA4's first part must be sent again).
@@ -22,7 +23,7 @@ build() {
 if [ "$part" = 1 ]; then
   build
   if [ -n "${PATCH:-}" ]; then
-    timeout 420 env AB_PREBUILT=/tmp/pb AB_TESTS="test_varlen_kernel_gpu test_varlen_gpu test_packed_gpu" \
+    timeout 420 env AB_PREBUILT=/tmp/pb AB_TESTS="${TESTS1:-test_varlen_kernel_gpu test_varlen_gpu test_packed_gpu}" \
       AB_TEST_TIMEOUT=80 BENCH_TIMEOUT=90 BENCH_SCRIPT=benchmarks/bench_varlen.py \
       BENCH_ARGS="--quick --hdim 128 --heads-k 4 --impl dash-varlen,dash-varlen-det,dash-dense" \
       research/patch_ab.sh "$OUT/ab" "$PATCH" 2>&1 | tail -30
