@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Prepared device call: `bash research/calls/ab-varlen-staggered-and-two-store-warps.sh [s] [w]` (the steps to run,
+# default both: one cold call of ~300 s; one step ~180 s), carrying [".whl", ".prebuilt/c2"]. .prebuilt/c2 holds research/prebuild.sh packs (bf16 hdim 64/128): HEAD's
+# (varlen-no-fill.tar.xz: HEAD is that tree) and the two patches' slim packs.
+#   1. varlen-staggered: test_varlen_kernel_gpu and test_packed_gpu on its build; bench_varlen --quick hdim 128 GQA
+#      16/4 (non-det rows: the change) against HEAD.
+#   2. bwd-dq-two-store-warps: test_bwd_gpu (det rows: bitwise repeats, dQ order = the model's) on its build;
+#      also test_varlen_kernel_gpu (det packs); bench_attn hdim 128 det 2k/8k against the installed build (after step
+#      1, varlen-staggered's: its dense kernels differ from HEAD's only in one more zeroed counter per dQ tile).
+set -u
+source research/device_setup.sh .prebuilt/c2/*.tar.xz
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128 FLASH_DASH_PREBUILT_DIR=/tmp/pb/varlen-no-fill \
+  benchmarks/gpu_session.sh "$OUT/build" build > "$OUT/build.log" 2>&1
+tail -2 "$OUT/build/summary.txt"
+R=research/patches
+ab() {  # ab DIR SECONDS_TOTAL PATCH [env...]: patch_ab.sh cut at SECONDS_TOTAL into the call; what ran comes back
+  local dir=$1 until=$2 patch=$3
+  shift 3
+  timeout $((until - SECONDS)) env AB_PREBUILT=/tmp/pb "$@" research/patch_ab.sh "$OUT/$dir" "$patch" 2>&1 | tail -24
+  [ -d "$OUT/$dir/ab" ] && tar -czf "$OUT/$dir.tgz" -C "$OUT/$dir" ab && rm -rf "$OUT/$dir"
+  echo "== $dir done at ${SECONDS}s"
+}
+steps=${*:-s w}
+[[ " $steps " == *" s "* ]] && ab s 200 "$R/varlen-staggered.patch" AB_TESTS="test_varlen_kernel_gpu test_packed_gpu" AB_TEST_TIMEOUT=40 \
+  BENCH_TIMEOUT=45 BENCH_SCRIPT=benchmarks/bench_varlen.py \
+  BENCH_ARGS="--quick --hdim 128 --heads-k 4 --impl dash-varlen,dash-dense"
+[[ " $steps " == *" w "* ]] && ab w $((SECONDS + 190)) "$R/bwd-dq-two-store-warps.patch" \
+  AB_TESTS="test_bwd_gpu test_varlen_kernel_gpu" AB_TEST_TIMEOUT=40 BENCH_TIMEOUT=45 \
+  BENCH_ARGS="--impl dash-det,sdpa-cudnn --hdim 128 --seqlen 2k,8k"
+true
