@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Prepared device call: `bash research/calls/ab-varlen-staggered-and-two-store-warps.sh [s] [w]` (the steps to run,
 # default both: one cold call of ~370 s; s ~180 s, w ~250 s), carrying [".whl", ".prebuilt/c2"]. .prebuilt/c2 holds research/prebuild.sh packs (bf16 hdim 64/128): HEAD's
-# (varlen-no-fill.tar.xz: HEAD is that tree) and the two patches' slim packs.
+# (any name: the slim packs name it) and the two patches' slim packs (FROM= HEAD's).
 #   1. varlen-staggered: test_varlen_kernel_gpu and test_packed_gpu on its build; bench_varlen --quick hdim 128 GQA
 #      16/4 (non-det rows: the change) against HEAD.
 #   2. bwd-dq-two-store-warps: test_bwd_gpu (det rows: bitwise repeats, dQ order = the model's) and synccheck of
@@ -11,7 +11,8 @@
 set -u
 source research/device_setup.sh .prebuilt/c2/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128 FLASH_DASH_PREBUILT_DIR=/tmp/pb/varlen-no-fill \
+head_pack=$(cat /tmp/pb/*/from | head -1)  # the pack the slim ones name: HEAD's
+env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128 FLASH_DASH_PREBUILT_DIR="/tmp/pb/$head_pack" \
   benchmarks/gpu_session.sh "$OUT/build" build > "$OUT/build.log" 2>&1
 tail -2 "$OUT/build/summary.txt"
 R=research/patches
