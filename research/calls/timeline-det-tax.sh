@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Prepared device call (~200 s): `bash research/calls/timeline-det-tax.sh`, carrying [".whl", ".prebuilt/c5"].
+# .prebuilt/c5 holds research/prebuild.sh packs of bf16 hdim 128 compiled with
+# NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1 (the store-warp and tile timelines, hopper/bwd/timeline.hpp), their
+# folders renamed tl-<name> so that no other call's pack of the same name is overwritten (the source digest does not
+# see the define: a timeline object links wherever the plain one would). For HEAD (tl-main) and each of the det-tax
+# variants (bwd-dq-det-nocomplete, bwd-dq-early-release, bwd-dq-two-store-warps): link it, then
+# research/bwd_timeline.py at hdim 128 2k and 8k (every det order and the non-det walk), into $OUT/tl-<name>.txt/.json.
+# How long a det store waits for its predecessor, for the MMA hand-off and for its own completion, against a step:
+# which of the variants removes which wait. The installed build at the end is a timeline build: relink before timing.
+set -u
+source research/device_setup.sh .prebuilt/c5/*.tar.xz
+nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
+timeline() {  # timeline NAME [PATCH]: link tl-NAME (with PATCH applied) and record
+  local name=$1 patch=${2:-}
+  [ -n "$patch" ] && { git apply "$patch" || return; }
+  env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=128 FLASH_DASH_PREBUILT_DIR="/tmp/pb/tl-$name" \
+    benchmarks/gpu_session.sh "$OUT/build-$name" build > "$OUT/build-$name.log" 2>&1
+  echo "$name: $(tail -1 "$OUT/build-$name/summary.txt")"
+  timeout 90 python3 research/bwd_timeline.py --hdim 128 --seqlen 2k,8k --json "$OUT/tl-$name.json" \
+    > "$OUT/tl-$name.txt" 2>&1
+  tail -n 17 "$OUT/tl-$name.txt" | cut -c1-160
+  [ -n "$patch" ] && git apply -R "$patch"
+}
+timeline main
+for p in bwd-dq-det-nocomplete bwd-dq-early-release bwd-dq-two-store-warps; do
+  timeline "$p" "research/patches/$p.patch"
+done
+true
