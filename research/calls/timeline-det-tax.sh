@@ -3,7 +3,10 @@
 # .prebuilt/c5 holds research/prebuild.sh packs of bf16 hdim 128 compiled with
 # NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1 (the store-warp and tile timelines, hopper/bwd/timeline.hpp), their
 # folders renamed tl-<name> so that no other call's pack of the same name is overwritten (the source digest does not
-# see the define: a timeline object links wherever the plain one would). For HEAD (tl-main) and each of the det-tax
+# see the define: a timeline object links wherever the plain one would). Made with NVCC_APPEND_FLAGS set,
+# FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=128: `research/prebuild.sh .prebuilt/t22`, then each patch with
+# FROM=.prebuilt/t22/main FLASH_DASH_PASSES=bwd; each folder copied as tl-<name> (a slim one's `from` rewritten to
+# tl-main, the objects identical to tl-main's left out) and packed into .prebuilt/c5. For HEAD (tl-main) and each of the det-tax
 # variants (bwd-dq-det-nocomplete, bwd-dq-early-release, bwd-dq-two-store-warps): link it, then
 # research/bwd_timeline.py at hdim 128 2k and 8k (every det order and the non-det walk), into $OUT/tl-<name>.txt/.json.
 # How long a det store waits for its predecessor, for the MMA hand-off and for its own completion, against a step:
