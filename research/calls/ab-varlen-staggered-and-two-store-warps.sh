@@ -11,10 +11,7 @@
 set -u
 source research/device_setup.sh .prebuilt/c2/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
-head_pack=$(cat /tmp/pb/*/from | head -1)  # the pack the slim ones name: HEAD's
-env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128 FLASH_DASH_PREBUILT_DIR="/tmp/pb/$head_pack" \
-  benchmarks/gpu_session.sh "$OUT/build" build > "$OUT/build.log" 2>&1
-tail -2 "$OUT/build/summary.txt"
+link_pack "" "$OUT/build"  # HEAD: the pack the slim ones name
 R=research/patches
 ab() {  # ab DIR SECONDS_TOTAL PATCH [env...]: patch_ab.sh cut at SECONDS_TOTAL into the call; what ran comes back
   local dir=$1 until=$2 patch=$3

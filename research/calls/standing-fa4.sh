@@ -15,11 +15,7 @@ part=${1:?part 1 or 2}
 source research/fa4_stage.sh ".fa4x/q$((part - 1))"
 source research/device_setup.sh .prebuilt/c$((part + 1))/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu-$part.txt"
-build() {
-  env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128 FLASH_DASH_PREBUILT_DIR="/tmp/pb/${PACK:-main}" \
-    benchmarks/gpu_session.sh "$OUT/build-$part" build > "$OUT/build-$part.log" 2>&1
-  tail -3 "$OUT/build-$part/summary.txt"
-}
+build() { link_pack "${PACK:-main}" "$OUT/build-$part"; }
 if [ "$part" = 1 ]; then
   build
   if [ -n "${PATCH:-}" ]; then

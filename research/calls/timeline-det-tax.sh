@@ -17,9 +17,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.
 timeline() {  # timeline NAME [PATCH]: link tl-NAME (with PATCH applied) and record
   local name=$1 patch=${2:-}
   [ -n "$patch" ] && { git apply "$patch" || return; }
-  env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=128 FLASH_DASH_PREBUILT_DIR="/tmp/pb/tl-$name" \
-    benchmarks/gpu_session.sh "$OUT/build-$name" build > "$OUT/build-$name.log" 2>&1
-  echo "$name: $(tail -1 "$OUT/build-$name/summary.txt")"
+  link_pack "tl-$name" "$OUT/build-$name" 128
   timeout 90 python3 research/bwd_timeline.py --hdim 128 --seqlen 2k,8k --json "$OUT/tl-$name.json" \
     > "$OUT/tl-$name.txt" 2>&1
   tail -n 17 "$OUT/tl-$name.txt" | cut -c1-160
