@@ -9,6 +9,9 @@
 #      also test_varlen_kernel_gpu (det packs); bench_attn hdim 128 det 2k/8k against the installed build (after step
 #      1, varlen-staggered's: its dense kernels differ from HEAD's only in one more zeroed counter per dQ tile).
 set -u
+# With .fa4x/q0 carried too, FA4's first part is kept for `research/calls/standing-fa4.sh 2` at once after this call
+# (it then times the build installed last: step 2's, or HEAD's with RELINK=1).
+[ -d .fa4x/q0 ] && source research/fa4_stage.sh .fa4x/q0
 source research/device_setup.sh .prebuilt/c2/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack "" "$OUT/build"  # HEAD: the pack the slim ones name
