@@ -1,8 +1,9 @@
 // Hand-off of each step's dQ tile from the two MMA warpgroups to the dQ-store warp, through one shared-memory
-// buffer. Each warpgroup writes its slice (half the tile); the store warp bulk-adds both slices into the
-// fp32 accumulator and gives the slices back at the start of its next step, after the previous step's add
-// completed. Named barriers dQFull/dQEmpty per warpgroup, so neither warpgroup waits for the other's slice.
-// (Two buffers on alternate steps measured no better in two designs.)
+// buffer. Each warpgroup writes its slice (half the tile); the store warp bulk-adds both slices into the fp32
+// accumulator and gives the slices back at the start of the next step it takes, once the previous step's copies have
+// read them (one store warp: after that step's completion wait where it has one; two: bwd/dq_store.hpp). Named
+// barriers dQFull/dQEmpty per warpgroup, so neither warpgroup waits for the other's slice; they see one store warp at
+// a time. (Two buffers on alternate steps measured no better in two designs.)
 #pragma once
 #include <cstdint>
 #include <cutlass/arch/barrier.h>
@@ -45,7 +46,7 @@ struct DqHandoff {
     static __device__ __forceinline__ void mma_commit(int wg) { cutlass::arch::NamedBarrier::arrive(kNamedBarThreads, full(wg)); }
 
     // ---- dQ-store warp (all 32 lanes) ----
-    static __device__ __forceinline__ void store_begin() {  // the previous step's add has completed
+    static __device__ __forceinline__ void store_begin() {  // the previous step's copies have read the slices
         cutlass::arch::NamedBarrier::arrive(kNamedBarThreads, empty(0));
         cutlass::arch::NamedBarrier::arrive(kNamedBarThreads, empty(1));
     }

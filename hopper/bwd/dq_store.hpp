@@ -1,18 +1,21 @@
-// Backward dQ-store role (warp 1 of warpgroup 0): each step's fresh dQ tile, handed over by the MMA warpgroups
-// through shared memory (dq_handoff.hpp), goes into the fp32 accumulator: the schedule's rank 0 stores
-// (cp.async.bulk), every later rank bulk reduce-adds, behind a per-(m tile, batch, head) counter. Deterministic:
-// rank r waits until the counter is r; otherwise only until rank 0's store landed (counter >= 1). GQA-folded tiles
-// walk their steps once per sibling head, each into that head's dQ tiles (schedule/sibling_walk.hpp).
+// Backward dQ-store role (warp 1 of warpgroup 0, and warp 2 when deterministic): each step's fresh dQ tile, handed
+// over by the MMA warpgroups through shared memory (dq_handoff.hpp), goes into the fp32 accumulator: the schedule's
+// rank 0 stores (cp.async.bulk), every later rank bulk reduce-adds, behind a per-(m tile, batch, head) counter.
+// Deterministic: rank r waits until the counter is r; otherwise only until rank 0's store landed (counter >= 1).
+// GQA-folded tiles walk their steps once per sibling head, each into that head's dQ tiles (schedule/sibling_walk.hpp).
+// Two store warps take the CTA's steps alternately: the owner of step g waits for its turn (the owner of step g - 1
+// has read its slices: the buffer is free, and no other warp waits on the hand-off barriers), takes the hand-off,
+// passes the turn once its copies have read the slices, and only then waits for them to complete and releases.
 #pragma once
 #include <cutlass/cutlass.h>
 
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
+#include "bwd/roles.hpp"
 #include "bwd/semaphore.hpp"
 #include "bwd/tiles.hpp"
 #include "bwd/timeline.hpp"
 #include "schedule/sibling_walk.hpp"
-#include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -20,20 +23,24 @@ namespace bwd {
 template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
 struct BwdDqStore {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
+    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
+    static constexpr int kWarps = kDqStoreWarps<Deterministic>;
     using SharedStorage = typename Traits::SharedStorage;
     using Handoff = typename Traits::DqHandoffT;
     // Non-deterministic: how many of the ranks before it a contribution may run ahead of.
     static constexpr int kNondetSlack = 2;
 
     // All 32 lanes of the warp; lane 0 issues the copies and owns the counters.
-    CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, int lane, int num_tiles) {
+    // `warp`: this store warp's index in [0, kWarps): it owns the CTA's steps g with g % kWarps == warp.
+    CUTLASS_DEVICE static void run(BwdKernelParams<Traits> const& params, SharedStorage& ss, int lane, int num_tiles,
+                                   int warp) {
         constexpr int kBlockM = Traits::kBlockM;
         constexpr int kHeadDim = Traits::kHeadDim;
         constexpr uint32_t kSliceBytes = Traits::kdQSliceFloats * sizeof(float);
         SchedShape const& sched = params.sched;
         auto const siblings = Tiles::grid_siblings(params.group);
         int read = 0;
+        int step_of_cta = 0;  // g: the CTA's steps so far, over its tiles and siblings
         for (int t = Policy::first_tile(sched, blockIdx.x); t < num_tiles;
              t = Walk::read_next(ss.tile_ring, sched, t, read++)) {
             TileCtx c;
@@ -48,13 +55,20 @@ struct BwdDqStore {
             // Not unrolled (for_each_step): see the producer loop (load.hpp).
             Tiles::tile_siblings(params.group, seq).for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [h, bh] = hb;
+                int const g = step_of_cta++;
+                if (kWarps > 1 && g % kWarps != warp) { return; }
                 int const m = Policy::m_block(shape, c, st, step);
                 // The dQ tile's accumulator and counter: (b, h, m)'s, or tile m of the sequence's tiles of head h.
                 int64_t const tile = Varlen ? int64_t(h) * params.varlen_m_cap + seq.m_start + m : bh * sched.num_m + m;
                 float* gacc = params.dq_accum + tile * int64_t(kBlockM * kHeadDim);
                 int* sem = params.dq_sem + (Varlen ? tile : (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h);
                 // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
-                // wait, not right after its read (releasing earlier measured no gain, and slower in one mode).
+                // wait, not right after its read (releasing earlier measured no gain, and slower in one mode); with
+                // two warps, once the previous step's owner has read them.
+                if constexpr (kWarps > 1) {
+                    if (lane == 0) { wait_turn(&ss.dq_turn, g); }
+                    __syncwarp();
+                }
                 Handoff::store_begin();
                 // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
                 // Deterministic: rank r waits for ranks 0..r-1. Otherwise for rank 0 and for any r - kNondetSlack
@@ -84,6 +98,10 @@ struct BwdDqStore {
                     add_slice(1);
                     bulk_commit_group();
                     int pos;
+                    if constexpr (kWarps > 1) {
+                        bulk_wait_group_read_0();
+                        pass_turn(&ss.dq_turn, g + 1);
+                    }
                     if (Deterministic || rank == 0) {
                         bulk_wait_group_0();          // reductions COMPLETED, not just smem read
                         fence_proxy_async_global();

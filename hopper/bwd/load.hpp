@@ -9,17 +9,17 @@
 #include "bwd/bulk_copy.hpp"
 #include "bwd/kernel_params.hpp"
 #include "bwd/qdo_pipelines.hpp"
+#include "bwd/roles.hpp"
 #include "bwd/tiles.hpp"
 #include "schedule/sibling_walk.hpp"
-#include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, class Policy, bool GqaFold, bool Varlen>
+template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
 struct BwdLoad {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
+    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
     using PipelinedO = typename Traits::PipelinedO;

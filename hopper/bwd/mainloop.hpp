@@ -12,15 +12,16 @@
 #include <cutlass/pipeline/pipeline.hpp>
 
 #include "bwd/barriers.hpp"
+#include "bwd/dq_handoff.hpp"
 #include "bwd/epilogue.hpp"
 #include "bwd/kernel_params.hpp"
 #include "bwd/operands.hpp"
 #include "bwd/qdo_pipelines.hpp"
+#include "bwd/roles.hpp"
 #include "bwd/timeline.hpp"
 #include "bwd/tile_mask.hpp"
 #include "common/utils.hpp"
 #include "schedule/sibling_walk.hpp"
-#include "schedule/tile_walk.hpp"
 
 namespace flash_dash {
 namespace bwd {
@@ -35,7 +36,7 @@ template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Det
           bool Varlen>
 struct BwdMainloop {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = TileWalk<Policy, Traits::NumMmaThreads + 32>;
+    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
     using Element = typename Traits::Element;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;

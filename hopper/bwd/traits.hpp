@@ -174,6 +174,7 @@ struct BwdTraits {
         alignas(8) uint64_t barrier_kv;
         alignas(8) uint64_t barrier_kv_empty;
         TileRingStorage tile_ring;
+        int dq_turn;  // two dQ-store warps: the step whose hand-off may be taken next (dq_store.hpp)
     };
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(sizeof(SharedStorage) <= kMaxSmemPerBlock, "exceeds the sm90 227 KB opt-in smem limit");
