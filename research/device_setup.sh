@@ -20,12 +20,13 @@ for _from in /tmp/pb/*/from; do
   done
 done
 echo "device_setup: packs in /tmp/pb: $(ls /tmp/pb | tr '\n' ' ')"
-# link_pack PACK OUTDIR [HDIMS]: build the extension (bf16, head dims HDIMS, default 64,128) linking /tmp/pb/PACK's
-# objects (benchmarks/gpu_session.sh's build into OUTDIR, its log OUTDIR.log); prints the build's summary line.
+# link_pack PACK OUTDIR [HDIMS] [DTYPES]: build the extension (dtypes DTYPES, default bf16; head dims HDIMS, default
+# 64,128) linking /tmp/pb/PACK's objects (benchmarks/gpu_session.sh's build into OUTDIR, its log OUTDIR.log); prints
+# the build's summary line.
 # PACK defaults to the pack the slim packs name (HEAD's, when the call carries patches' slim packs beside it).
 link_pack() {
   local pack=${1:-$(cat /tmp/pb/*/from 2>/dev/null | head -1)}
-  env FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS="${3:-64,128}" FLASH_DASH_PREBUILT_DIR="/tmp/pb/$pack" \
+  env FLASH_DASH_DTYPES="${4:-bf16}" FLASH_DASH_HDIMS="${3:-64,128}" FLASH_DASH_PREBUILT_DIR="/tmp/pb/$pack" \
     benchmarks/gpu_session.sh "$2" build > "$2.log" 2>&1
   echo "$pack: $(tail -1 "$2/summary.txt")"
 }
