@@ -8,8 +8,10 @@
 #      at hdim 128 GQA 16/4 against HEAD (research/patch_ab.sh; the variant's build stays installed) (~330 s; TESTS1
 #      names fewer test files).
 #   2: FA4 installed from the two parts; the standing of the installed build beside FA4 and cuDNN: bench_attn hdim
-#      64/128 1k-16k and bench_varlen --quick (~250 s). If the machine went back between the calls, or with RELINK=1,
-#      part 2 links PACK first (FA4's first part must be sent again after a lost machine).
+#      64/128 1k-16k and bench_varlen --quick (~250 s). The build installed by an earlier call did not survive to
+#      the next one in session 23: part 2 links PACK first when the extension does not import, with RELINK=1, or
+#      with PATCH (applied first; .prebuilt/c3 then holds the patch's pack, named by PACK, and the pack it names).
+#      FA4's first part must be sent again after a lost machine.
 set -u
 part=${1:?part 1 or 2}
 source research/fa4_stage.sh ".fa4x/q$((part - 1))"
@@ -26,7 +28,8 @@ if [ "$part" = 1 ]; then
     [ -d "$OUT/ab/ab" ] && tar -czf "$OUT/ab.tgz" -C "$OUT/ab" ab && rm -rf "$OUT/ab"
   fi
 else
-  if [ -n "${RELINK:-}" ] || ! python3 -c "import flash_attn_dash._C" 2>/dev/null; then build; fi
+  if [ -n "${PATCH:-}" ]; then git apply "$PATCH" || exit 1; fi
+  if [ -n "${RELINK:-}${PATCH:-}" ] || ! python3 -c "import flash_attn_dash._C" 2>/dev/null; then build; fi
   timeout 300 python3 benchmarks/bench_attn.py --impl dash,dash-det,fa4,fa4-det,sdpa-cudnn --hdim 64,128 \
     --seqlen 1k,2k,8k,16k --json "$OUT/standing.json" > "$OUT/standing.txt" 2>&1
   tail -42 "$OUT/standing.txt"
