@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Prepared device call (~400-550 s): `bash research/calls/suite-head-dims.sh CARRY HDIMS [DTYPES]`, carrying
 # [".whl", CARRY], e.g. `... .prebuilt/c8 256 bf16,fp16`. CARRY holds one research/prebuild.sh-style pack named
-# `suite` whose objects are HEAD's units of those head dims and dtypes (harvested from a fresh-clone `.ci/run`,
-# which compiles every unit: the engineering log says how). The GPU suites of a change that reaches every head dim
-# (session 23's det dQ store), on the head dims and dtypes the bf16 64/128 calls leave out:
+# `suite` with HEAD's objects of the units to link (session 23's .prebuilt/c8/suite.tar.xz: all 20 default units,
+# bf16 and fp16 x hdim 64/96/128/192/256, harvested from a fresh-clone `.ci/run`'s `make kernels`, whose digests are
+# the tree's; 34 MB). The GPU suites of a change that reaches every head dim (session 23's det dQ store), on the head
+# dims and dtypes the bf16 64/128 calls leave out:
 #   test_bwd_gpu, test_fwd_gpu, test_varlen_kernel_gpu, test_gqa_fold_gpu, test_softcap_gpu, test_window_gpu,
 #   test_sink_gpu (FLASH_DASH_TEST_BUILT_ONLY=1: what reaches an unbuilt head dim or dtype is a skip), then
 #   racecheck and synccheck of tests/sanitize_bwd.py at HDIMS when bf16 is built (the sanitizer scripts run bf16).
