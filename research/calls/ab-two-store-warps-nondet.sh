@@ -6,8 +6,8 @@
 #   bwd-dq-two-store-warps-nondet (non-det kernels run the two dQ-store warps too) against HEAD:
 #   test_bwd_gpu and test_varlen_kernel_gpu on its build; racecheck and synccheck of tests/sanitize_bwd.py at
 #   hdim 128 (its det kernels are HEAD's: this is also the racecheck session 23's merge did not get);
-#   bench_varlen --quick hdim 128 (uniform full packs: the non-det pack ran slower than the det one in session 23)
-#   and bench_attn non-det hdim 128 (the dense rows).
+#   bench_varlen --quick hdim 128: varlen rows in both modes and the dense non-det rows (uniform full packs: the
+#   non-det pack ran slower than the det one in session 23).
 set -u
 [ -d .fa4x/q0 ] && source research/fa4_stage.sh .fa4x/q0
 source research/device_setup.sh .prebuilt/c6/*.tar.xz

@@ -4,13 +4,13 @@
 # NVCC_APPEND_FLAGS=-DFLASH_DASH_BWD_TIMELINE=1 (the store-warp and tile timelines, hopper/bwd/timeline.hpp), their
 # folders renamed tl-<name> so that no other call's pack of the same name is overwritten (the source digest does not
 # see the define: a timeline object links wherever the plain one would). Made with NVCC_APPEND_FLAGS set,
-# FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=128: `research/prebuild.sh .prebuilt/t22`, then each patch with
-# FROM=.prebuilt/t22/main FLASH_DASH_PASSES=bwd; each folder copied as tl-<name> (a slim one's `from` rewritten to
+# FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=128: `research/prebuild.sh .prebuilt/t23`, then the patch with
+# FROM=.prebuilt/t23/main FLASH_DASH_PASSES=bwd; each folder copied as tl-<name> (the slim one's `from` rewritten to
 # tl-main, the objects identical to tl-main's left out) and packed into .prebuilt/c5. For HEAD (tl-main) and the
 # diagnostic bwd-dq-det-nocomplete: link it, then research/bwd_timeline.py at hdim 128 2k and 8k (every det order and
-# the non-det walk), into $OUT/tl-<name>.txt/.json. How long each of the two det store warps waits for its
-# predecessor, for the MMA hand-off and for its own completion, against a step: what is left of the det tax (7% at
-# hdim 128 full 8k-16k with two store warps) and which wait it is. The installed build at the end is a timeline build: relink before timing.
+# the non-det walk), into $OUT/tl-<name>.txt/.json. How long the det store warps wait for their predecessors, for the
+# MMA hand-off and for their own completion, against a step: where the det path's last 1-3% (against our own
+# non-det, session 23) goes. The installed build at the end is a timeline build: relink before timing.
 set -u
 source research/device_setup.sh .prebuilt/c5/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
@@ -24,7 +24,5 @@ timeline() {  # timeline NAME [PATCH]: link tl-NAME (with PATCH applied) and rec
   [ -n "$patch" ] && git apply -R "$patch"
 }
 timeline main
-for p in bwd-dq-det-nocomplete; do
-  timeline "$p" "research/patches/$p.patch"
-done
+timeline bwd-dq-det-nocomplete research/patches/bwd-dq-det-nocomplete.patch
 true
