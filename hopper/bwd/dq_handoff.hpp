@@ -1,9 +1,8 @@
-// Hand-off of each step's dQ tile from the two MMA warpgroups to the dQ-store warp, through one shared-memory
-// buffer. Each warpgroup writes its slice (half the tile); the store warp bulk-adds both slices into the fp32
-// accumulator and gives the slices back at the start of the next step it takes, once the previous step's copies have
-// read them (one store warp: after that step's completion wait where it has one; two: bwd/dq_store.hpp). Named
-// barriers dQFull/dQEmpty per warpgroup, so neither warpgroup waits for the other's slice; they see one store warp at
-// a time. (Two buffers on alternate steps measured no better in two designs.)
+// Hand-off of each step's dQ tile from the two MMA warpgroups to the dQ-store warp that owns the step, through one
+// shared-memory buffer. Each warpgroup writes its slice (half the tile); the store warp bulk-adds both slices into
+// the fp32 accumulator and gives the slices back at the start of the step, once the previous step's copies have read
+// them (the store warps' turns: bwd/dq_store.hpp). Named barriers dQFull/dQEmpty per warpgroup, so neither warpgroup
+// waits for the other's slice; they see one store warp at a time. (Two buffers on alternate steps measured no better in two designs.)
 #pragma once
 #include <cstdint>
 #include <cutlass/arch/barrier.h>

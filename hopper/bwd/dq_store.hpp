@@ -1,4 +1,4 @@
-// Backward dQ-store role (warp 1 of warpgroup 0, and warp 2 when deterministic): each step's fresh dQ tile, handed
+// Backward dQ-store role (warps 1 and 2 of warpgroup 0): each step's fresh dQ tile, handed
 // over by the MMA warpgroups through shared memory (dq_handoff.hpp), goes into the fp32 accumulator: the schedule's
 // rank 0 stores (cp.async.bulk), every later rank bulk reduce-adds, behind a per-(m tile, batch, head) counter.
 // Deterministic: rank r waits until the counter is r; otherwise only until rank 0's store landed (counter >= 1).
@@ -7,6 +7,7 @@
 // has read its slices: the buffer is free, and no other warp waits on the hand-off barriers), takes the hand-off,
 // passes the turn once its copies have read the slices, and only then waits for them to complete and releases.
 #pragma once
+#include <cutlass/arch/barrier.h>
 #include <cutlass/cutlass.h>
 
 #include "bwd/bulk_copy.hpp"
@@ -23,12 +24,25 @@ namespace bwd {
 template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
 struct BwdDqStore {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
-    static constexpr int kWarps = kDqStoreWarps<Deterministic>;
+    using Walk = BwdTileWalk<Traits, Policy>;
+    static constexpr int kWarps = kDqStoreWarps;
     using SharedStorage = typename Traits::SharedStorage;
     using Handoff = typename Traits::DqHandoffT;
+    using TurnBar = cutlass::arch::ClusterBarrier;
     // Non-deterministic: how many of the ranks before it a contribution may run ahead of.
     static constexpr int kNondetSlack = 2;
+
+    // The turns (lane 0): an mbarrier per store warp (count 1) completes a phase each time the turn is passed to that
+    // warp. Passes to a warp alternate with its waits, so the owner of step g (> 0) waits for pass (g - 1) / kWarps.
+    static __device__ __forceinline__ void init_turns(SharedStorage& ss) {
+        for (int w = 0; w < kWarps; ++w) { TurnBar::init(&ss.dq_turn[w], 1); }
+    }
+    static __device__ __forceinline__ void wait_turn(SharedStorage& ss, int g) {
+        if (g > 0) { TurnBar::wait(&ss.dq_turn[g % kWarps], uint32_t((g - 1) / kWarps) & 1u); }
+    }
+    static __device__ __forceinline__ void pass_turn(SharedStorage& ss, int g) {
+        TurnBar::arrive(&ss.dq_turn[(g + 1) % kWarps]);
+    }
 
     // All 32 lanes of the warp; lane 0 issues the copies and owns the counters.
     // `warp`: this store warp's index in [0, kWarps): it owns the CTA's steps g with g % kWarps == warp.
@@ -56,19 +70,16 @@ struct BwdDqStore {
             Tiles::tile_siblings(params.group, seq).for_each_step(c, steps, head, [&](auto const& hb, int step) CUTLASS_LAMBDA_FUNC_INLINE {
                 auto const& [h, bh] = hb;
                 int const g = step_of_cta++;
-                if (kWarps > 1 && g % kWarps != warp) { return; }
+                if (g % kWarps != warp) { return; }
                 int const m = Policy::m_block(shape, c, st, step);
                 // The dQ tile's accumulator and counter: (b, h, m)'s, or tile m of the sequence's tiles of head h.
                 int64_t const tile = Varlen ? int64_t(h) * params.varlen_m_cap + seq.m_start + m : bh * sched.num_m + m;
                 float* gacc = params.dq_accum + tile * int64_t(kBlockM * kHeadDim);
                 int* sem = params.dq_sem + (Varlen ? tile : (int64_t(m) * sched.batch + c.b) * siblings.query_heads(sched) + h);
-                // One buffer: the slices go back to the MMA WGs here, after the previous step's completion
-                // wait, not right after its read (releasing earlier measured no gain, and slower in one mode); with
-                // two warps, once the previous step's owner has read them.
-                if constexpr (kWarps > 1) {
-                    if (lane == 0) { wait_turn(&ss.dq_turn, g); }
-                    __syncwarp();
-                }
+                // One buffer: the slices go back to the MMA WGs here, once the previous step's owner has read them
+                // (its turn).
+                if (lane == 0) { wait_turn(ss, g); }
+                __syncwarp();
                 Handoff::store_begin();
                 // The first contribution (rank 0) stores, so the accumulator needs no zero fill.
                 // Deterministic: rank r waits for ranks 0..r-1. Otherwise for rank 0 and for any r - kNondetSlack
@@ -98,17 +109,14 @@ struct BwdDqStore {
                     add_slice(1);
                     bulk_commit_group();
                     int pos;
-                    if constexpr (kWarps > 1) {
-                        bulk_wait_group_read_0();
-                        pass_turn(&ss.dq_turn, g + 1);
-                    }
+                    bulk_wait_group_read_0();
+                    pass_turn(ss, g);
                     if (Deterministic || rank == 0) {
                         bulk_wait_group_0();          // reductions COMPLETED, not just smem read
                         fence_proxy_async_global();
                         pos = rank;
                         red_release_add(sem, 1);
                     } else {
-                        bulk_wait_group_read_0();
                         pos = atomicAdd(sem, 1);
                     }
                     if (params.order_trace != nullptr && pos < sched.num_n) {

@@ -1,8 +1,8 @@
 // The persistent, warp-specialized sm90a backward kernel: it sets up shared memory, barriers and pipelines and
 // hands each warp its role.
 //   WG0 warp 0: producer (bwd/load.hpp): TMA loads; on the dynamic grid it also claims the CTA's next tile.
-//   WG0 warp 1 (and 2 when deterministic, alternate steps): dQ store (bwd/dq_store.hpp): each fresh dQ tile into the
-//   fp32 accumulator, in the schedule's order.
+//   WG0 warps 1 and 2 (alternate steps): dQ store (bwd/dq_store.hpp): each fresh dQ tile into the fp32 accumulator,
+//   in the schedule's order.
 //   WG1, WG2  : MMA (bwd/mainloop.hpp) and the dK/dV epilogue (bwd/epilogue.hpp).
 // Which K/V tiles a CTA runs, in which Q-tile order and with which dQ ranks is the schedule policy's
 // (schedule/policies.hpp). GqaFold: a tile is (b, K/V head, n) and runs every query head sharing it
@@ -60,8 +60,8 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
         prefetch_tma_descriptor(params.tma_v.get_tma_descriptor());
         ClusterTxBar::init(&ss.barrier_kv, 1);
         ClusterBar::init(&ss.barrier_kv_empty, NumMmaThreads);
-        if constexpr (Policy::kDynamic) { BwdTileWalk<Traits, Policy, Deterministic>::Ring::init(ss.tile_ring); }
-        ss.dq_turn = 0;
+        if constexpr (Policy::kDynamic) { BwdTileWalk<Traits, Policy>::Ring::init(ss.tile_ring); }
+        BwdDqStore<Traits, Deterministic, Policy, GqaFold, Varlen>::init_turns(ss);
     }
 
     typename PipelineQ::Params pq;
@@ -80,9 +80,9 @@ __global__ void __launch_bounds__(Traits::NumThreads, 1)
         int const warp_in_wg = warp_idx % 4;
         if (warp_in_wg == 0) {
             if (lane == 0) {
-                BwdLoad<Traits, Deterministic, Policy, GqaFold, Varlen>::run(params, ss, pipeline_q, pipeline_do, num_tiles);
+                BwdLoad<Traits, Policy, GqaFold, Varlen>::run(params, ss, pipeline_q, pipeline_do, num_tiles);
             }
-        } else if (warp_in_wg <= kDqStoreWarps<Deterministic>) {
+        } else if (warp_in_wg <= kDqStoreWarps) {
             BwdDqStore<Traits, Deterministic, Policy, GqaFold, Varlen>::run(params, ss, lane, num_tiles, warp_in_wg - 1);
         }
     } else {

@@ -16,10 +16,10 @@
 namespace flash_dash {
 namespace bwd {
 
-template <class Traits, bool Deterministic, class Policy, bool GqaFold, bool Varlen>
+template <class Traits, class Policy, bool GqaFold, bool Varlen>
 struct BwdLoad {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
+    using Walk = BwdTileWalk<Traits, Policy>;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;
     using PipelinedO = typename Traits::PipelinedO;

@@ -36,7 +36,7 @@ template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Det
           bool Varlen>
 struct BwdMainloop {
     using Tiles = BwdTiles<Varlen, GqaFold>;
-    using Walk = BwdTileWalk<Traits, Policy, Deterministic>;
+    using Walk = BwdTileWalk<Traits, Policy>;
     using Element = typename Traits::Element;
     using SharedStorage = typename Traits::SharedStorage;
     using PipelineQ = typename Traits::PipelineQ;

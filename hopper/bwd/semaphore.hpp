@@ -25,22 +25,6 @@ __device__ __forceinline__ void red_release_add(int* p, int v) {
     asm volatile("red.release.gpu.global.add.s32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
 }
 
-// Turns between the warps of one CTA (a shared-memory word): wait until it reads `val`, or hand it `val`.
-__device__ __forceinline__ void wait_turn(int const* p, int val) {
-    uint32_t const a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    int v;
-    while (true) {
-        asm volatile("ld.acquire.cta.shared.b32 %0, [%1];" : "=r"(v) : "r"(a) : "memory");
-        if (v == val) { return; }
-        __nanosleep(16);
-    }
-}
-
-__device__ __forceinline__ void pass_turn(int* p, int val) {
-    uint32_t const a = static_cast<uint32_t>(__cvta_generic_to_shared(p));
-    asm volatile("st.release.cta.shared.b32 [%0], %1;" :: "r"(a), "r"(val) : "memory");
-}
-
 __device__ __forceinline__ void fence_acq_rel_gpu() { asm volatile("fence.acq_rel.gpu;" ::: "memory"); }
 
 __device__ __forceinline__ void fence_proxy_async_global() {

@@ -16,6 +16,7 @@
 #include <cutlass/arch/reg_reconfig.h>
 
 #include "bwd/dq_handoff.hpp"
+#include "bwd/roles.hpp"
 #include "common/sm90_limits.hpp"
 #include "common/utils.hpp"
 #include "schedule/tile_ring.hpp"
@@ -174,7 +175,7 @@ struct BwdTraits {
         alignas(8) uint64_t barrier_kv;
         alignas(8) uint64_t barrier_kv_empty;
         TileRingStorage tile_ring;
-        int dq_turn;  // two dQ-store warps: the step whose hand-off may be taken next (dq_store.hpp)
+        alignas(8) uint64_t dq_turn[kDqStoreWarps];  // the dQ-store warps' turn barriers (dq_store.hpp)
     };
     static constexpr int kSmemBytes = int(sizeof(SharedStorage));
     static_assert(sizeof(SharedStorage) <= kMaxSmemPerBlock, "exceeds the sm90 227 KB opt-in smem limit");
