@@ -19,10 +19,10 @@ causal mask) lose once ``r`` nears ``c``. ``r / c`` is the store's share of a st
 
 On the dynamic grid the tiles are claimed again, in the plan's claim order, by the CTA whose MMA finishes its tile
 first (the kernel claims after a tile's last MMA), so a CTA held up by a rank wait claims later; static and pair grids
-keep the plan's CTAs. ``--diagonal`` adds an order the product does not have
-(research/patches/varlen-det-diagonal.patch): each K/V tile walks up from its first Q tile, a head's tiles are
-claimed in descending n, and a dQ tile takes its last key tile's contribution first, so a rank predecessor ran one
-step earlier on a CTA claimed earlier.
+keep the plan's CTAs. ``--diagonal`` adds an order main does not have yet (the schedule ``diagonal`` of branch
+``diagonal``; measured as `git show a03d385:research/patches/varlen-det-diagonal.patch`): each K/V tile walks up from
+its first Q tile, a head's tiles are claimed in descending n, and a dQ tile takes its last key tile's contribution
+first, so a rank predecessor ran one step earlier on a CTA claimed earlier.
 
 Prints, per order, the deterministic makespan over the non-deterministic descending one (the walk non-det packs run)
 for the DASH grid (16k tokens, hidden 2048) and for Pareto packs (``--pareto``: benchmarks/bench_varlen.py's packs,
