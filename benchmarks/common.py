@@ -160,6 +160,8 @@ IMPLS: Dict[str, Impl] = {i.key: i for i in [
     Impl("dash-det-shift", "dash det shift", "dash", True, "shift", masks=("full",)),
     Impl("dash-det-symshift", "dash det symmetric_shift", "dash", True, "symmetric_shift",
          masks=("causal",)),
+    Impl("dash-det-split", "dash det split", "dash", True, "split", masks=("causal",)),
+    Impl("dash-det-diagonal", "dash det diagonal", "dash", True, "diagonal", masks=("causal",)),
     Impl("sdpa-cudnn", "cuDNN non-det", "sdpa", False, backend="CUDNN_ATTENTION"),
     Impl("sdpa-flash", "SDPA-flash (FA2) non-det", "sdpa", False, backend="FLASH_ATTENTION"),
     Impl("sdpa-efficient", "SDPA-efficient non-det", "sdpa", False, backend="EFFICIENT_ATTENTION"),

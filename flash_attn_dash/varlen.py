@@ -12,7 +12,7 @@ import torch
 from . import _ext, checks, features, varlen_cuda, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
 from . import interface  # noqa: F401  (loads the extension and the dense ops)
 from .varlen_checks import check_varlen_args, check_varlen_features
-from .launch import sequence_launch, varlen_kernel_launch
+from .launch import sequence_launch, varlen_kernel_launch, varlen_request
 from .varlen_layout import read_layout
 
 _ext.warn_if_gpu_without_kernels()
@@ -162,7 +162,8 @@ def varlen_schedule_used(
     including the values of ``cu_seqlens_*``/``seqused_*`` (on CUDA tensors: one device-to-host copy). As
     :func:`flash_attn_dash.backward_schedule_used`, the answer is the GPU kernels' on any device (on CPU tensors:
     an H200's 132 SMs), and it raises what a GPU build would raise (a head dim without kernels, an ``sm_margin``
-    that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
+    that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": :func:`.launch.varlen_request`'s
+    order, "diagonal" on causal calls without a window at hdim 64, else "descending"), or its
     fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
     and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
     Where the varlen backward kernel runs (:data:`.varlen_cuda.BWD_KERNEL_VALIDATED`, a portable request), every
@@ -186,6 +187,7 @@ def varlen_schedule_used(
     kernel = varlen_cuda.BWD_KERNEL_VALIDATED and varlen_kernel_launch(
         deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms, shape.heads_k,
         kernel_window, causal)
+    request = varlen_request(deterministic, schedule, shape.head_dim, kernel_window)
     used: list[str | None] = []
     for s in seqs:
         if not s.has_work:
@@ -196,5 +198,5 @@ def varlen_schedule_used(
             continue
         seq_causal, seq_window = features.kernel_window(causal, window, s.q_len, s.k_len)
         used.append(sequence_launch(seq_causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms,
-                                    deterministic, schedule, seq_window).schedule)
+                                    deterministic, request, seq_window).schedule)
     return used

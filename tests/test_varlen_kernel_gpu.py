@@ -242,16 +242,19 @@ def _dout(pack: Pack) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(pack.q)
 
 
-@pytest.mark.parametrize("schedule", ["auto", "ascending", "descending"])
+@pytest.mark.parametrize("schedule", ["auto", "ascending", "descending", "split", "diagonal"])
 @pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
 @pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HDIMS)
 def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, causal, heads,
                                                                          heads_k, used, schedule):
+    """Split and diagonal run in the kernel on causal packs only (full packs asking for them run per sequence)."""
     pack = _random_pack(head_dim + causal + heads_k, 9, 700, heads, heads_k, head_dim, torch.bfloat16,
                         same_lengths=False, used=used)
-    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, causal=causal)
+    kernel_runs = causal or schedule not in ("split", "diagonal")
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, kernel_runs=kernel_runs,
+                                causal=causal)
     for name, w, g in zip(("dq", "dk", "dv"), want, got):
         assert torch.equal(g, w), f"{name} differs"
 
@@ -411,7 +414,7 @@ def test_backward_kernel_watchdog_sweep(monkeypatch, seed):
     margin = rng.choice([0, sms // 2, sms - 2])
     features = rng.choice([dict(causal=False), dict(causal=True), dict(causal=True, window_size=(200, 0)),
                            dict(causal=False, window_size=(150, 40))])
-    schedule = rng.choice(["ascending", "descending"])
+    schedule = rng.choice(["ascending", "descending", "diagonal"])
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, sm_margin=margin, kernel_runs=None,
                                 **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):
