@@ -125,11 +125,11 @@ def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
 
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False)])
+@pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False), ("diagonal", False)])
 def test_bwd_schedule_mask_mismatch_raises(schedule, causal, deterministic, d):
-    """shift needs the full mask, symmetric_shift the causal one: the Python decider refuses them by name, and the
-    launcher refuses the same policy id if it reaches it directly (std::invalid_argument -> ValueError), before
-    launching anything; the outputs stay untouched."""
+    """shift needs the full mask, symmetric_shift and diagonal the causal one: the Python decider refuses them by
+    name, and the launcher refuses the same policy id if it reaches it directly (std::invalid_argument ->
+    ValueError), before launching anything; the outputs stay untouched."""
     import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
     q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, d, torch.bfloat16, causal)
