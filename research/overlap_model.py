@@ -77,14 +77,12 @@ def store_warps_makespan(plan: Plan, c: float, r: float, deterministic: bool = T
     rank = plan.step_rank
     wait_on = (pred if deterministic else slack_predecessor(pred, rank)).tolist()
     releases_at_read = [False] * rank.size if deterministic else (rank > 0).tolist()
-    if dynamic:
-        queue = np.argsort(o.tile_round, kind="stable").tolist()  # one queue: the claims, in claim order
-        queues = [queue] * plan.num_ctas
-        heads = [0]
-    else:
+    if dynamic:  # one queue shared by every CTA: the claims, in claim order
+        queues = [np.argsort(o.tile_round, kind="stable").tolist()]
+    else:  # a queue per CTA: its tiles as the plan deals them
         per_cta = np.searchsorted(o.tile_cta, np.arange(plan.num_ctas + 1))
         queues = [list(range(per_cta[g], per_cta[g + 1])) for g in range(plan.num_ctas)]
-        heads = [0] * plan.num_ctas
+    heads = [0] * len(queues)
     release = [None] * rank.size
     parked: dict[int, list[int]] = {}
     clock = [0.0] * plan.num_ctas          # the MMA's last deposit
@@ -106,9 +104,9 @@ def store_warps_makespan(plan: Plan, c: float, r: float, deterministic: bool = T
                     break
                 claim_due[g] = False
                 q = 0 if dynamic else g
-                if heads[q] == len(queues[g]):
+                if heads[q] == len(queues[q]):
                     break
-                tile_at[g], next_step[g] = queues[g][heads[q]], 0
+                tile_at[g], next_step[g] = queues[q][heads[q]], 0
                 heads[q] += 1
                 continue
             s = start[tile_at[g]] + next_step[g]
@@ -116,12 +114,12 @@ def store_warps_makespan(plan: Plan, c: float, r: float, deterministic: bool = T
             if p >= 0 and release[p] is None:
                 parked.setdefault(p, []).append(g)
                 break
-            deposit = max(clock[g] + c, buffer_free[g])
+            deposit = max(clock[g] + c, buffer_free[g])  # the buffer is free: the store may issue from here
             w = step_of_cta[g] % warps
-            issue = max(deposit, buffer_free[g], warp_free[g][w], release[p] if p >= 0 else 0.0)
-            done = issue + r
-            release[s] = issue + read * r if releases_at_read[s] else done
-            buffer_free[g] = issue + read * r if warps == 2 else done
+            issue = max(deposit, warp_free[g][w], release[p] if p >= 0 else 0.0)
+            read_done, done = issue + read * r, issue + r
+            release[s] = read_done if releases_at_read[s] else done
+            buffer_free[g] = read_done if warps == 2 else done
             warp_free[g][w] = release[s]
             clock[g] = deposit
             end = max(end, done)
