@@ -140,7 +140,7 @@ def pack_fwd_flops(lengths, heads: int, hdim: int, causal: bool, window_left: Op
 @dataclass
 class VarlenImpl(bc.Impl):
     api: str = "varlen"  # "varlen": one call on the packed tensors; "dense": the (batch, seqlen) view of a uniform pack
-    bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense "descending" calls
+    bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense calls (dense_schedules' orders)
     varlen_kernels: bool = False  # ours: the varlen kernels forced on while the row runs
 
     def runs_on(self, pack: Pack) -> bool:
@@ -477,16 +477,28 @@ class Runner:
             x = out[doc].index_select(1, qh)[None][:, rows]
             return bc.tol_check(x, ref, pt)
 
-    def per_document(self, q, k, v, do, pack: Pack, causal: bool, window_left=None, sink=None):
-        """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, "descending") and of the fp32 reference,
-        each document alone, packed again."""
+    def dense_schedules(self, impl: VarlenImpl, pack: Pack, causal: bool, q, k, window_left=None) -> List[str]:
+        """The order of each document's dense call that the row's bits are compared with: for our deterministic
+        varlen rows the order ``varlen_schedule_used`` reports for the document (the contract: the dense call in
+        that order gives the same bits; None, a document without backward work, runs "descending"), else
+        "descending"."""
+        if impl.family == "dash" and impl.api == "varlen" and impl.deterministic:
+            m = pack.max_len
+            cu = self.offsets(pack)
+            return ours().varlen_schedule_used(q, k, cu, cu, m, m, causal=causal, deterministic=True,
+                                               schedule=impl.schedule, **features_kw(window_left, None))
+        return ["descending"] * len(pack.lengths)
+
+    def per_document(self, q, k, v, do, pack: Pack, causal: bool, schedules: List[str], window_left=None, sink=None):
+        """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, document i in ``schedules[i]``) and of the
+        fp32 reference, each document alone, packed again."""
         torch = self.torch
         fad = ours()
         dense, ref = [], []
-        for a, b in zip(pack.offsets()[:-1], pack.offsets()[1:]):
+        for a, b, schedule in zip(pack.offsets()[:-1], pack.offsets()[1:], schedules):
             doc = [t[a:b][None] for t in (q, k, v)]
             lv = [t.clone().requires_grad_(True) for t in doc]
-            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule="descending",
+            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule=schedule or "descending",
                                     **features_kw(window_left, sink))
             dense.append((o.detach(),) + torch.autograd.grad(o, lv, do[a:b][None]))
             lv = [t.float().requires_grad_(True) for t in doc]
@@ -506,8 +518,10 @@ class Runner:
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
         got = (out.detach(),) + torch.autograd.grad(out, leaves, do)
-        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"], sh.get("window_left"), sink)
-        res = dict(lengths=list(pack.lengths), heads=heads, heads_kv=heads_k)
+        schedules = self.dense_schedules(impl, pack, sh["causal"], q, k, sh.get("window_left"))
+        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"], schedules, sh.get("window_left"), sink)
+        res = dict(lengths=list(pack.lengths), heads=heads, heads_kv=heads_k,
+                   dense_schedules=dict(collections.Counter(schedules)))
         names = ("out", "dq", "dk", "dv")
         for i, nm in enumerate(names):
             res[nm] = bc.tol_check(got[i], ref[i], dense[i])

@@ -207,6 +207,17 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             return bv.nested_sdpa_fn(pack, causal, cu, "MATH")
         return make_fn(impl, pack, causal, cu, *features)
     monkeypatch.setattr(bv, "make_fn", nested_on_math)
+    fad = bv.ours()
+    dense_orders = []  # the schedule of every dense call (the rows' and the checks' per-document ones)
+
+    class DenseOrders:
+        def __getattr__(self, name):
+            return getattr(fad, name)
+
+        def flash_attn_func(self, *args, **kw):
+            dense_orders.append(kw.get("schedule"))
+            return fad.flash_attn_func(*args, **kw)
+    monkeypatch.setattr(bv, "ours", DenseOrders)
     out = tmp_path / "varlen.json"
     code = bv.main(["--pack-tokens", "256", "--seeds", "0", "--tokens", "256", "--seqlen", "128", "--mask", "causal",
                     "--hidden", "128", "--hdim", "64", "--heads-k", "1", "--check-tokens", "256", "--iters", "1",
@@ -240,9 +251,17 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             assert r["status"] == "skipped" and r["fwd"] is None and "flash_attn.cute" in r["reason"]
         else:
             assert r["status"] == "skipped" and r["stage"] == "first_call" and "No viable backend" in r["reason"]
-    # hdim 64, causal: deterministic varlen auto runs diagonal (launch.varlen_request)
+    # hdim 64, causal: deterministic varlen auto runs diagonal (launch.varlen_request), and the bitwise check compares
+    # each document with its dense call in that order (the contract), not in descending
     assert rows[("dash-varlen-det", "pareto")]["schedule_used"] == {"diagonal": len(bv.pareto_pack(256, 0).lengths)}
+    for kind in ("pareto", "uniform"):
+        small = rows[("dash-varlen-det", kind)]["check"]["small"]
+        assert small["dense_schedules"] == {"diagonal": len(small["lengths"])}
     assert rows[("dash-dense-det-descending", "uniform")]["schedule_used"] == "descending"
+    small = rows[("dash-dense-det-descending", "uniform")]["check"]["small"]
+    assert small["dense_schedules"] == {"descending": len(small["lengths"])}
+    assert dense_orders.count("diagonal") == sum(len(rows[("dash-varlen-det", kind)]["check"]["small"]["lengths"])
+                                                 for kind in ("pareto", "uniform"))
 
 
 @pytest.mark.parametrize("lengths", [[1], [2, 1, 5], [17, 3, 64, 1, 9], [300, 7]])
