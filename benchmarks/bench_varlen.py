@@ -13,13 +13,17 @@ hdim 64/128, heads = --hidden/hdim (2048/hdim), K/V heads --heads-k (default: he
 
 Implementations (--impl, keys / groups / fnmatch patterns as bench_attn.py):
   dash-varlen, dash-varlen-det           ours, flash_attn_dash.flash_attn_varlen_func (det: schedule "auto");
+  dash-varlen-det-descending, dash-varlen-det-diagonal (group ours-varlen-orders, with dash-varlen-det)
+                                         ours deterministic varlen in a named portable order (diagonal: causal
+                                         masks only), what auto's choice per head dim and mask is measured with;
+                                         not in the default rows;
   dash-varlen-kernels, dash-varlen-kernels-det
                                          the same with the varlen kernels forced on for the row (the gates
                                          varlen_cuda.FWD/BWD_KERNEL_VALIDATED);
   dash-dense, dash-dense-det, dash-dense-det-descending
                                          ours, flash_attn_func on the (batch, seqlen) view of a uniform pack (the
                                          varlen-vs-dense comparison at equal shapes; "descending" is the order
-                                         deterministic varlen "auto" runs);
+                                         deterministic varlen "auto" runs but on causal hdim 64 packs);
   fa4-varlen, fa4-varlen-det             FlashAttention-4, flash_attn.cute.flash_attn_varlen_func(...,
                                          deterministic=), when importable;
   cudnn-varlen                           cuDNN through torch's nested (jagged) tensors and SDPA's CUDNN_ATTENTION
@@ -41,9 +45,10 @@ pack reads (s+1)/s times its number here; ratios within this harness use the sam
 Each row records the pack (kind, tokens, seed, lengths), fwd/bwd ms and TFLOP/s, bitwise_repeat (dq/dk/dv torch.equal
 over --repeats backwards of one forward), a check and schedule_used (ours). The check: an output slice of the real
 pack's longest document against an fp32 reference (dash.md's rule), and out/dq/dk/dv of a small pack (--check-tokens,
-2 K/V heads) against per-document calls of our dense flash_attn_func (deterministic, "descending") and an fp32
-reference: err <= 2 x the dense call's err + atol; rows bound by the reproducibility contract (ours deterministic
-varlen, ours dense "descending") must also equal the per-document calls bit for bit.
+2 K/V heads) against per-document calls of our dense flash_attn_func (deterministic, in the order varlen_schedule_used
+reports for the document on our deterministic varlen rows, "descending" on the others) and an fp32 reference: err <=
+2 x the dense call's err + atol; rows bound by the reproducibility contract (ours deterministic varlen, ours dense
+"descending") must also equal the per-document calls bit for bit.
 
 Results: --json PATH (rewritten after every row), a compact table on stdout with the ratios the issue targets (varlen
 within 3% of dense; deterministic varlen >= FA4 deterministic and >= 0.97 x FA4 non-deterministic on pareto packs).
@@ -143,8 +148,11 @@ class VarlenImpl(bc.Impl):
     bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense calls (dense_schedules' orders)
     varlen_kernels: bool = False  # ours: the varlen kernels forced on while the row runs
 
-    def runs_on(self, pack: Pack) -> bool:
-        return self.api == "varlen" or pack.kind == "uniform"
+    def runs_on(self, sh: dict) -> bool:
+        """Whether the row runs on the shape: dense rows on uniform packs only, causal-only orders on causal masks."""
+        from flash_attn_dash import variants  # the package's schedule table, without its kernels
+        causal_only = self.schedule in variants.SCHEDULE_NAMES and variants.schedule(self.schedule).masks == ("causal",)
+        return (self.api == "varlen" or sh["pack"].kind == "uniform") and (sh["causal"] or not causal_only)
 
     def describe(self) -> dict:
         return dict(super().describe(), api=self.api)
@@ -153,6 +161,9 @@ class VarlenImpl(bc.Impl):
 IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("dash-varlen", "ours varlen non-det", "dash", False, "auto"),
     VarlenImpl("dash-varlen-det", "ours varlen det auto", "dash", True, "auto", bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-det-descending", "ours varlen det descending", "dash", True, "descending",
+               bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-det-diagonal", "ours varlen det diagonal", "dash", True, "diagonal", bitwise_as_dense=True),
     VarlenImpl("dash-varlen-kernels", "ours varlen kernels non-det", "dash", False, "auto", varlen_kernels=True),
     VarlenImpl("dash-varlen-kernels-det", "ours varlen kernels det auto", "dash", True, "auto", bitwise_as_dense=True,
                varlen_kernels=True),
@@ -164,13 +175,18 @@ IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("fa4-varlen-det", "FA4 varlen det", "fa4", True),
     VarlenImpl("cudnn-varlen", "cuDNN varlen non-det", "sdpa", False, backend="CUDNN_ATTENTION"),
 ]}
+# ours deterministic varlen in a named portable order (auto picks among them, launch.varlen_request): what the
+# choice per head dim and mask is measured with, outside the default rows
+ORDER_ROWS = ("dash-varlen-det-descending", "dash-varlen-det-diagonal")
 IMPL_GROUPS = {
     "ours": [k for k in IMPLS if k.startswith("dash-")],
     "ours-varlen": ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels", "dash-varlen-kernels-det"],
     "ours-dense": ["dash-dense", "dash-dense-det", "dash-dense-det-descending"],
+    # deterministic varlen in each portable order auto picks from (launch.varlen_request), one order per row
+    "ours-varlen-orders": ["dash-varlen-det", *ORDER_ROWS],
     "fa4-all": ["fa4-varlen", "fa4-varlen-det"],
     # the kernels' rows are for runs before their gates lift (after it, dash-varlen* run the kernels)
-    "default": [k for k in IMPLS if not IMPLS[k].varlen_kernels],
+    "default": [k for k in IMPLS if not IMPLS[k].varlen_kernels and k not in ORDER_ROWS],
     "all": list(IMPLS),
 }
 # (label, numerator impl, denominator impl) per pack kind: the issue's targets, bwd / fwd
@@ -596,7 +612,7 @@ class Runner:
 
     # ------------------------------------------------------------------ all rows
     def run(self, shapes, impls):
-        work = [(sh, [k for k in impls if IMPLS[k].runs_on(sh["pack"])]) for sh in shapes]
+        work = [(sh, [k for k in impls if IMPLS[k].runs_on(sh)]) for sh in shapes]
         total = sum(len(keys) for _, keys in work)
         idx = 0
         for sh, keys in work:
@@ -711,7 +727,7 @@ def summary_text(rows) -> str:
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     shapes, impls = plan(args)
-    rows = sum(IMPLS[k].runs_on(sh["pack"]) for sh in shapes for k in impls)
+    rows = sum(IMPLS[k].runs_on(sh) for sh in shapes for k in impls)
     if args.dry_run:
         print(f"{len(shapes)} shapes, {len(impls)} implementations: {rows} rows (dense ones on uniform packs only)")
         print("implementations: " + ", ".join(impls))

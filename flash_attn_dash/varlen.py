@@ -105,12 +105,14 @@ def flash_attn_varlen_func(
             pack: of the other sequences, their number, its position, ``sm_margin`` and the SM count (with a
             portable order, below). None (the default) follows ``torch.are_deterministic_algorithms_enabled()``.
         schedule: the order of the backward's reductions, as for :func:`flash_attn_dash.flash_attn_func`: "auto",
-            "ascending", "descending", "shift" (full masks), "symmetric_shift" (causal masks), validated in both
-            modes, used by deterministic backwards only. Deterministic "auto" means "descending" here: of the orders
-            whose bits do not depend on the grid ("ascending", "descending"), the faster. "shift" and
-            "symmetric_shift" run when asked for but are not portable: once the varlen kernels share one grid
-            among the sequences, a sequence's bits will depend on what it is packed with. Per sequence, the order
-            that runs: :func:`varlen_schedule_used`.
+            "ascending", "descending", "shift" (full masks), "symmetric_shift", "split", "diagonal" (causal masks),
+            validated in both modes, used by deterministic backwards only. Deterministic "auto" picks among the
+            orders whose bits do not depend on the grid ("ascending", "descending", "split", "diagonal") by what
+            may change bits anyway (head dim, mask, window), never by the pack: "diagonal" on causal masks without
+            a window at hdim 64, "descending" elsewhere (:func:`.launch.varlen_request`). "shift" and
+            "symmetric_shift" run when asked for but are not portable: their ranks follow the grid's rounds, so a
+            sequence's bits depend on what it is packed with. Per sequence, the order that runs:
+            :func:`varlen_schedule_used`.
         sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
         return_lse: also return the log-sum-exp (heads, total_q), fp32, natural log, the sink included (not
             differentiable).

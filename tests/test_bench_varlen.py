@@ -79,7 +79,7 @@ def plan(*argv):
 
 def test_default_plan():
     shapes, impls = plan()
-    assert impls == [k for k in bv.IMPLS if not k.startswith("dash-varlen-kernels")]
+    assert impls == [k for k in bv.IMPLS if not k.startswith("dash-varlen-kernels") and k not in bv.ORDER_ROWS]
     pareto = [sh for sh in shapes if sh["pack"].kind == "pareto"]
     uniform = [sh for sh in shapes if sh["pack"].kind == "uniform"]
     assert len(pareto) == 2 * 2 * 2 and {sh["mask"] for sh in pareto} == {"causal"}
@@ -88,7 +88,10 @@ def test_default_plan():
     assert {(sh["hdim"], sh["heads"], sh["heads_k"]) for sh in shapes} == {(64, 32, 32), (128, 16, 16)}
     assert all(sh["causal"] == (sh["mask"] == "causal") for sh in shapes)
     # ours dense runs on uniform packs only: 5 implementations on pareto packs, 8 on uniform ones
-    assert sum(bv.IMPLS[k].runs_on(sh["pack"]) for sh in shapes for k in impls) == 8 * 5 + 24 * 8
+    assert sum(bv.IMPLS[k].runs_on(sh) for sh in shapes for k in impls) == 8 * 5 + 24 * 8
+    # the named-order rows: diagonal on causal masks only (the 8 pareto shapes and 12 causal uniform ones)
+    orders = plan("--impl", "ours-varlen-orders")[1]
+    assert sum(bv.IMPLS[k].runs_on(sh) for sh in shapes for k in orders) == 2 * 32 + 20
 
 
 def test_quick_plan_and_options():
@@ -109,8 +112,12 @@ def test_impl_selection():
     assert plan("--impl", "fa4*,cudnn-varlen")[1] == ["fa4-varlen", "fa4-varlen-det", "cudnn-varlen"]
     assert plan("--impl", "dash-varlen-det", "--impl", "ours-dense")[1] == [
         "dash-varlen-det", "dash-dense", "dash-dense-det", "dash-dense-det-descending"]
-    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == ["dash-varlen-det", "dash-varlen-kernels-det",
-                                                                      "dash-dense-det-descending"]
+    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == [
+        "dash-varlen-det", "dash-varlen-det-descending", "dash-varlen-det-diagonal", "dash-varlen-kernels-det",
+        "dash-dense-det-descending"]
+    assert plan("--impl", "ours-varlen-orders")[1] == ["dash-varlen-det", "dash-varlen-det-descending",
+                                                       "dash-varlen-det-diagonal"]
+    assert not set(bv.ORDER_ROWS) & set(plan()[1])  # not in the default rows
     assert [k for k in bv.IMPLS if bv.IMPLS[k].varlen_kernels] == ["dash-varlen-kernels", "dash-varlen-kernels-det"]
     assert plan("--impl", "ours-varlen")[1] == ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels",
                                                 "dash-varlen-kernels-det"]
