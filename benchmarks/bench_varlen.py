@@ -192,9 +192,11 @@ IMPL_GROUPS = {
 # (label, numerator impl, denominator impl) per pack kind: the targets, bwd / fwd
 RATIOS = {
     "uniform": [("varlen / dense non-det (>= 0.97)", "dash-varlen", "dash-dense"),
-                ("varlen det / dense det descending (>= 0.97)", "dash-varlen-det", "dash-dense-det-descending")],
+                ("varlen det / dense det descending (>= 0.97)", "dash-varlen-det", "dash-dense-det-descending"),
+                ("det diagonal / det descending", "dash-varlen-det-diagonal", "dash-varlen-det-descending")],
     "pareto": [("det / FA4 det (>= 1)", "dash-varlen-det", "fa4-varlen-det"),
-               ("det / FA4 non-det (>= 0.97)", "dash-varlen-det", "fa4-varlen")],
+               ("det / FA4 non-det (>= 0.97)", "dash-varlen-det", "fa4-varlen"),
+               ("det diagonal / det descending", "dash-varlen-det-diagonal", "dash-varlen-det-descending")],
 }
 
 

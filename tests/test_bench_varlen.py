@@ -189,13 +189,16 @@ def test_summary_ratios():
             synthetic_row("dash-varlen-det", u, 480.0, 600.0),
             synthetic_row("dash-dense-det-descending", u, 400.0, 600.0, check_ok=False),
             synthetic_row("dash-varlen-det", p, 450.0, 500.0), synthetic_row("fa4-varlen-det", p, 500.0, 400.0),
-            dict(synthetic_row("fa4-varlen", p, 0, 0), status="skipped", reason="FA4 missing", fwd=None, bwd=None)]
+            dict(synthetic_row("fa4-varlen", p, 0, 0), status="skipped", reason="FA4 missing", fwd=None, bwd=None),
+            synthetic_row("dash-varlen-det-diagonal", p, 460.0, 500.0),
+            synthetic_row("dash-varlen-det-descending", p, 400.0, 500.0)]
     text = bv.summary_text(rows)
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert lines["varlen / dense non-det (>= 0.97)"].split()[-3:] == ["0.990", "/", "1.000"]
     assert lines["varlen det / dense det descending (>= 0.97)"].split()[-1] == "-"  # a failed check is no baseline
     assert lines["det / FA4 det (>= 1)"].split()[-3:] == ["0.900", "/", "1.250"]
     assert lines["det / FA4 non-det (>= 0.97)"].split()[-1] == "-"
+    assert lines["det diagonal / det descending"].split()[-3:] == ["1.150", "/", "1.000"]
     assert "480* / 600" in text and "400*! / 600" in text
     assert "fa4-varlen" in text and "FA4 missing" in text and "pareto/16k s0/hdim128/causal" in text
     assert "WARNING: correctness check failed: dash-dense-det-descending/uniform/8k/hdim128/causal" in text
