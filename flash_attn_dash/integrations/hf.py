@@ -5,8 +5,9 @@ its ``AttentionMaskInterface`` under one name (default ``"dash_attention"``), af
 ``model.set_attn_implementation("dash_attention")`` or ``from_config(..., attn_implementation="dash_attention")``
 runs every attention layer of a model written against the attention interface (Llama, Qwen2, Mistral, Gemma, ...) on
 :func:`flash_attn_dash.flash_attn_func` and :func:`flash_attn_dash.flash_attn_varlen_func`. A layer's sliding window,
-softcap (Gemma2) and sinks (gpt-oss) are passed on as ``window_size``, ``softcap`` and ``learnable_sink``: CPU tensors
-run them, CUDA tensors raise the kernels' NotImplementedError for those the kernels lack.
+softcap (Gemma2) and sinks (gpt-oss) are passed on as ``window_size``, ``softcap`` and ``learnable_sink`` and run on
+the kernels (CPU tensors: the reference); CUDA tensors raise the kernels' NotImplementedError for what they lack (a
+softcap with sinks).
 
 transformers is imported only by :func:`register` (and by the mask function it registers), so this module, like
 the package, imports without it.
