@@ -200,10 +200,6 @@ RATIOS = {
 }
 
 
-def ours():
-    """flash_attn_dash with its kernels; in the CPU self-test its CPU reference path, so that every stage of our rows
-    runs there."""
-    return bc.import_flash_attn_dash() if bc.bench_device() == "cpu" else bc._import_dash()
 
 
 def nested_sdpa_fn(pack: Pack, causal: bool, cu, backend: str):
@@ -265,7 +261,7 @@ def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu, window_left: Optiona
     cannot run here."""
     m = pack.max_len
     if impl.family == "dash":
-        fad = ours()
+        fad = bc.dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
                   **features_kw(window_left, sink))
         if impl.api == "varlen":
@@ -306,7 +302,7 @@ def schedule_used(impl: VarlenImpl, pack: Pack, causal: bool, q, k, cu, window_l
     if impl.family != "dash":
         return None
     try:
-        fad = ours()
+        fad = bc.dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
                   **features_kw(window_left, None))
         m = pack.max_len
@@ -503,7 +499,7 @@ class Runner:
         if impl.family == "dash" and impl.api == "varlen" and impl.deterministic:
             m = pack.max_len
             cu = self.offsets(pack)
-            return ours().varlen_schedule_used(q, k, cu, cu, m, m, causal=causal, deterministic=True,
+            return bc.dash_module().varlen_schedule_used(q, k, cu, cu, m, m, causal=causal, deterministic=True,
                                                schedule=impl.schedule, **features_kw(window_left, None))
         return ["descending"] * len(pack.lengths)
 
@@ -511,7 +507,7 @@ class Runner:
         """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, document i in ``schedules[i]``) and of the
         fp32 reference, each document alone, packed again."""
         torch = self.torch
-        fad = ours()
+        fad = bc.dash_module()
         dense, ref = [], []
         for a, b, schedule in zip(pack.offsets()[:-1], pack.offsets()[1:], schedules):
             doc = [t[a:b][None] for t in (q, k, v)]

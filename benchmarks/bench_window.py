@@ -59,7 +59,7 @@ def make_fn(impl: str, window: tuple[int, int], sink, softcap: float = 0.0):
     0 = off); raises bc.ImplUnavailable where the implementation is missing."""
     det = impl.endswith("-det") or "-det-" in impl
     if impl.startswith("dash"):
-        fad = bc.import_flash_attn_dash()
+        fad = bc.dash_module()
         schedule = impl.split("-det-", 1)[1] if "-det-" in impl else "auto"
         kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det, schedule=schedule)
         return lambda q, k, v: fad.flash_attn_func(q, k, v, **kw)

@@ -251,6 +251,12 @@ def _import_dash():
     return fad
 
 
+def dash_module():
+    """flash_attn_dash with its kernels (ImplUnavailable without them); in the CPU self-test (FAD_BENCH_CPU=1) its
+    CPU reference path, so that every stage of our rows runs there."""
+    return import_flash_attn_dash() if bench_device() == "cpu" else _import_dash()
+
+
 def _first(r):
     return r[0] if isinstance(r, (tuple, list)) else r
 
@@ -260,7 +266,7 @@ def make_attn_fn(impl: Impl, causal: bool, sm_margin: int = 0,
     """Return fn(q, k, v) -> out for (b, s, h, d) tensors (k/v may have fewer heads: GQA).
     Raises ImplUnavailable when the implementation cannot be used on this machine."""
     if impl.family == "dash":
-        fad = _import_dash()
+        fad = dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule)
         if sm_margin:
             kw["sm_margin"] = sm_margin

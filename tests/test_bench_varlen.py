@@ -217,7 +217,7 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             return bv.nested_sdpa_fn(pack, causal, cu, "MATH")
         return make_fn(impl, pack, causal, cu, *features)
     monkeypatch.setattr(bv, "make_fn", nested_on_math)
-    fad = bv.ours()
+    fad = bc.dash_module()
     dense_orders = []  # the schedule of every dense call (the rows' and the checks' per-document ones)
 
     class DenseOrders:
@@ -227,7 +227,7 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
         def flash_attn_func(self, *args, **kw):
             dense_orders.append(kw.get("schedule"))
             return fad.flash_attn_func(*args, **kw)
-    monkeypatch.setattr(bv, "ours", DenseOrders)
+    monkeypatch.setattr(bc, "dash_module", DenseOrders)
     out = tmp_path / "varlen.json"
     code = bv.main(["--pack-tokens", "256", "--seeds", "0", "--tokens", "256", "--seqlen", "128", "--mask", "causal",
                     "--hidden", "128", "--hdim", "64", "--heads-k", "1", "--check-tokens", "256", "--iters", "1",
