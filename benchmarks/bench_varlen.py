@@ -65,7 +65,6 @@ import importlib
 import itertools
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -429,19 +428,8 @@ def shape_str(sh) -> str:
 
 
 # --------------------------------------------------------------------------- runner
-class Runner:
-    def __init__(self, args, writer, watchdog, budget):
-        import torch
-        self.torch = torch
-        self.args = args
-        self.writer = writer
-        self.watchdog = watchdog
-        self.budget = budget
-        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        self.dev = bc.bench_device()
-        self.fatal = None  # set when the CUDA context is unusable
-        self.current = None  # row in flight (for the watchdog)
-        self.sets_error = None
+class Runner(bc.BenchRunner):
+    IMPLS = IMPLS
 
     # ------------------------------------------------------------------ inputs
     def offsets(self, pack: Pack):
@@ -461,13 +449,17 @@ class Runner:
         g = self.torch.Generator(device=self.dev).manual_seed(4242)
         return self.torch.randn(heads, generator=g, device=self.dev, dtype=self.torch.float32)
 
-    def make_sets(self, sh):
+    def make_inputs(self, sh):
+        """The row's rotated (q, k, v, dout) sets and the pack's offsets."""
         sets = []
         for i in range(self.args.sets):
             q, k, v, do = self.random_pack(sh["pack"].tokens, sh["heads"], sh["heads_k"], sh["hdim"],
                                            self.args.seed * 1000 + i)
             sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
-        return sets
+        return sets, self.offsets(sh["pack"])
+
+    def runs_on(self, impl, sh):
+        return impl.runs_on(sh)
 
     # ------------------------------------------------------------------ checks
     def check_out_slice(self, out, q, k, v, pack: Pack, causal: bool, window_left=None, sink=None):
@@ -544,11 +536,11 @@ class Runner:
         return res
 
     # ------------------------------------------------------------------ one row
-    def run_row(self, impl: VarlenImpl, sh, sets, cu):
+    def run_row(self, impl: VarlenImpl, sh, inputs):
         with forced_varlen_kernels(impl.varlen_kernels):
-            return self._run_row(impl, sh, sets, cu)
+            return self._run_row(impl, sh, inputs)
 
-    def _run_row(self, impl: VarlenImpl, sh, sets, cu):
+    def _run_row(self, impl: VarlenImpl, sh, inputs):
         args = self.args
         pack = sh["pack"]
         row = impl.describe()
@@ -558,30 +550,18 @@ class Runner:
                    reason=None, stage=None, fwd=None, bwd=None,
                    bitwise_repeat=None, n_repeats=None, repeat_max_abs_dev=None, check=None, schedule_used=None,
                    wall_s=None)
-        self.current = row
-        ours_row = impl.family == "dash"
-        if self.fatal:
-            row.update(status="skipped", reason=f"aborted: {self.fatal}")
+        if self.guard(row, inputs, ours=impl.family == "dash"):
             return row
-        if sets is None:
-            row.update(status="oom", reason=self.sets_error, stage="make_inputs")
-            return row
-        if self.budget.exceeded(ours=ours_row):
-            row.update(status="skipped", reason=self.budget.reason(ours=ours_row))
-            return row
+        sets, cu = inputs
         window_left, sink = sh.get("window_left"), self.sink_for(sh, sh["heads"])
         try:
             fn = make_fn(impl, pack, sh["causal"], cu, window_left, sink)
         except bc.ImplUnavailable as e:
             row.update(status="skipped", reason=str(e))
             return row
-
         fwd_flops = pack_fwd_flops(pack.lengths, sh["heads"], sh["hdim"], sh["causal"], window_left)
-        t0 = time.monotonic()
-        self.watchdog.arm(f"{impl.key} {shape_str(sh)}")
-        stage = bc.Stage()
-        failed = False
-        try:
+
+        def body(stage):
             check_out = None if args.no_check else (
                 lambda out, q, k, v: self.check_out_slice(out, q, k, v, pack, sh["causal"], window_left, sink))
             bc.measure_fwd_bwd(row, fn, sets, args, fwd_flops, stage, check_out)
@@ -595,45 +575,11 @@ class Runner:
             stage.name = "schedule_used"
             q, k, _, _ = sets[0]
             row["schedule_used"] = schedule_used(impl, pack, sh["causal"], q, k, cu, window_left)
-        except bc.ImplUnavailable as e:  # found out by the first call (no kernel of a backend for these inputs)
-            row.update(status="skipped", reason=str(e), stage=stage.name)
-        except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
-            failed = True
-            bc.record_failure(row, impl, e, stage.name)
-        finally:
-            self.watchdog.disarm()
-            row["wall_s"] = round(time.monotonic() - t0, 2)
-        if failed:  # outside the except block: the traceback no longer pins tensors
-            bc.free_cuda()
-            self.fatal = bc.fatal_if_context_broken(row, f"{impl.key} {shape_str(sh)}")
+        self.timed(row, impl, f"{impl.key} {shape_str(sh)}", body)
         return row
 
-    # ------------------------------------------------------------------ all rows
-    def run(self, shapes, impls):
-        work = [(sh, [k for k in impls if IMPLS[k].runs_on(sh)]) for sh in shapes]
-        total = sum(len(keys) for _, keys in work)
-        idx = 0
-        for sh, keys in work:
-            if not keys:
-                continue
-            sets = cu = None
-            self.sets_error = None
-            if not self.fatal:
-                try:
-                    sets, cu = self.make_sets(sh), self.offsets(sh["pack"])
-                except Exception as e:  # noqa: BLE001
-                    sets, self.sets_error = None, f"input creation failed: {type(e).__name__}: {e}"[:500]
-                    bc.free_cuda()
-            for key in keys:
-                idx += 1
-                row = self.run_row(IMPLS[key], sh, sets, cu)
-                self.current = None
-                self.writer.add(bc.clean_floats(row))
-                bc.log(progress_line(row, idx, total))
-                if row["status"] in ("error", "oom") and row.get("reason"):
-                    bc.log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
-            del sets
-            bc.free_cuda()
+    def progress_line(self, row, idx, total):
+        return progress_line(row, idx, total)
 
 
 # --------------------------------------------------------------------------- output
@@ -686,39 +632,12 @@ def summary_text(rows) -> str:
                  "failed, - = skipped, err/oom/hang = failed; ratios are 'bwd / fwd'"]
     for (kind, hdim, mask), g in group_rows(rows).items():
         hdr = [f"{kind} hdim {hdim} {mask}"] + g["packs"]
-        body = []
-        for impl in g["impls"]:
-            cells = []
-            for p in g["packs"]:
-                r = g["rows"].get((impl, p))
-                if r is None:
-                    cells.append("")
-                elif r.get("bwd") is None and r.get("fwd") is None:
-                    cells.append(bc.attn_cell(r, "bwd"))
-                else:
-                    cells.append(f"{bc.attn_cell(r, 'bwd')} / {bc.attn_cell(r, 'fwd')}")
-            body.append([g["labels"][impl]] + cells)
+        body = bc.impl_table_rows(g, g["packs"])
         for label, num, den in RATIOS[kind]:
             if num in g["impls"] and den in g["impls"]:
                 body.append([label] + [ratio_cell(g, p, num, den) for p in g["packs"]])
         parts += ["", bc.text_table(hdr, body)]
-    bad = [r for r in rows if r["status"] != "ok"]
-    if bad:
-        parts += ["", "Not measured (grouped by implementation and reason):"]
-        reasons: Dict[tuple, list] = {}
-        for r in bad:
-            key = (r["impl"], r["status"], r.get("stage"), (r.get("reason") or "")[:200])
-            reasons.setdefault(key, []).append(row_where(r))
-        for (impl, st, stage, reason), where in reasons.items():
-            at = f" at {stage}" if stage else ""
-            parts.append(f"  {impl:<26} {st}{at} [{', '.join(where)}]: {reason}")
-    nonbit = [r for r in rows if r.get("deterministic") and r.get("bitwise_repeat") is False]
-    fails = [r for r in rows if bc.check_failed(r)]
-    if nonbit:
-        parts.append("WARNING: deterministic rows NOT bitwise reproducible: "
-                     + ", ".join(f"{r['impl']}/{row_where(r)}" for r in nonbit))
-    if fails:
-        parts.append("WARNING: correctness check failed: " + ", ".join(f"{r['impl']}/{row_where(r)}" for r in fails))
+    parts += bc.problem_lines(rows, [r for r in rows if r["status"] != "ok"], row_where)
     return "\n".join(parts)
 
 
@@ -744,10 +663,7 @@ def main(argv=None) -> int:
                           "sets; GPU sleep of pad_us before each call"),
                   flops="fwd = sum over documents of 4*h*d*visible pairs (l^2 full, l(l+1)/2 causal); bwd = 2.5*fwd")
     writer = bc.ResultWriter(args.json, "varlen", meta, config)
-    bc.log(f"{PROG}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, CUDA "
-           f"{meta.get('cuda')}, cuDNN {meta.get('cudnn')}, commit {(meta.get('git_commit') or '?')[:12]}")
-    bc.log(f"flash_attn_dash: {meta.get('flash_attn_dash')} kernels={meta.get('flash_attn_dash_kernels')} "
-           f"{meta.get('flash_attn_dash_import_error') or ''}; FA4: {meta.get('flash_attn_4')}")
+    bc.log_run_header(PROG, meta)
     bc.log(f"{len(shapes)} shapes, {rows} rows, iters={args.iters} warmup={args.warmup} sets={args.sets} "
            f"repeats={args.repeats} budget={args.budget_s}")
     budget = bc.Budget(args.budget_s)

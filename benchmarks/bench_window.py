@@ -32,7 +32,6 @@ import argparse
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
