@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Prepared device call (~540 s cold): `bash research/calls/ab-band-diagonal.sh` carrying [".whl", ".prebuilt/c13",
-# ".prebuilt/c15"]. c13: HEAD's `suite` pack (all 20 default units); c15: the patch's pack `band-diagonal` (bf16,
-# hdim 64/128/256, research/prebuild.sh with FROM=c13's suite: its forward objects are HEAD's).
+# Prepared device call (~540 s cold): `bash research/calls/ab-band-diagonal.sh` carrying [".whl", ".prebuilt/c16",
+# ".prebuilt/c15"]. c16: HEAD's `suite` pack cut to bf16 hdim 64/128/256 (6 units of c13's); c15: the patch's pack
+# `band-diagonal` (the same units, research/prebuild.sh with FROM=that suite: its forward objects are HEAD's, left
+# out of the pack).
 #   research/patches/band-diagonal.patch: the diagonal order runs on sliding-window bands (the up walk the model's
 #   shift takes there) instead of falling back to descending. The two-store-warp model puts it at 1.013-1.019 of the
 #   non-deterministic walk on Gemma's window (hdim 256, window 4096, 8k/16k) against descending's 1.012-1.098 for
@@ -11,7 +12,7 @@
 #   dash-det-diagonal (on HEAD diagonal falls back to descending on a band: the two rows are the call's noise;
 #   on the patch the diagonal row walks up). Decide auto's order on bands (schedule.auto.BAND_SCHEDULE) from it.
 set -u
-source research/device_setup.sh .prebuilt/c13/*.tar.xz .prebuilt/c15/*.tar.xz
+source research/device_setup.sh .prebuilt/c16/*.tar.xz .prebuilt/c15/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack suite "$OUT/build" 64,128,256 bf16
 timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb AB_BUILD="FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128,256" \
