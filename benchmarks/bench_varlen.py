@@ -71,6 +71,7 @@ from typing import Dict, List, Optional, Tuple
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as bc  # noqa: E402
+from flash_attn_dash import variants  # noqa: E402  (pure Python, as the next)
 from flash_attn_dash.cad.workload import pareto_doc_lens  # noqa: E402  (pure Python: --help/--dry-run need no torch)
 
 PROG = "bench_varlen.py"
@@ -149,7 +150,6 @@ class VarlenImpl(bc.Impl):
 
     def runs_on(self, sh: dict) -> bool:
         """Whether the row runs on the shape: dense rows on uniform packs only, causal-only orders on causal masks."""
-        from flash_attn_dash import variants  # the package's schedule table, without its kernels
         causal_only = self.schedule in variants.SCHEDULE_NAMES and variants.schedule(self.schedule).masks == ("causal",)
         return (self.api == "varlen" or sh["pack"].kind == "uniform") and (sh["causal"] or not causal_only)
 
