@@ -71,7 +71,6 @@ from typing import Dict, List, Optional, Tuple
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from benchmarks import common as bc  # noqa: E402
-from flash_attn_dash import variants  # noqa: E402  (pure Python, as the next)
 from flash_attn_dash.cad.workload import pareto_doc_lens  # noqa: E402  (pure Python: --help/--dry-run need no torch)
 
 PROG = "bench_varlen.py"
@@ -149,9 +148,8 @@ class VarlenImpl(bc.Impl):
     varlen_kernels: bool = False  # ours: the varlen kernels forced on while the row runs
 
     def runs_on(self, sh: dict) -> bool:
-        """Whether the row runs on the shape: dense rows on uniform packs only, causal-only orders on causal masks."""
-        causal_only = self.schedule in variants.SCHEDULE_NAMES and variants.schedule(self.schedule).masks == ("causal",)
-        return (self.api == "varlen" or sh["pack"].kind == "uniform") and (sh["causal"] or not causal_only)
+        """Whether the row runs on the shape: dense rows on uniform packs only, an order on the masks it is for."""
+        return (self.api == "varlen" or sh["pack"].kind == "uniform") and self.applies_to(sh["mask"])
 
     def describe(self) -> dict:
         return dict(super().describe(), api=self.api)
@@ -162,7 +160,8 @@ IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("dash-varlen-det", "ours varlen det auto", "dash", True, "auto", bitwise_as_dense=True),
     VarlenImpl("dash-varlen-det-descending", "ours varlen det descending", "dash", True, "descending",
                bitwise_as_dense=True),
-    VarlenImpl("dash-varlen-det-diagonal", "ours varlen det diagonal", "dash", True, "diagonal", bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-det-diagonal", "ours varlen det diagonal", "dash", True, "diagonal", masks=("causal",),
+               bitwise_as_dense=True),
     VarlenImpl("dash-varlen-kernels", "ours varlen kernels non-det", "dash", False, "auto", varlen_kernels=True),
     VarlenImpl("dash-varlen-kernels-det", "ours varlen kernels det auto", "dash", True, "auto", bitwise_as_dense=True,
                varlen_kernels=True),
@@ -197,8 +196,6 @@ RATIOS = {
                ("det / FA4 non-det (>= 0.97)", "dash-varlen-det", "fa4-varlen"),
                ("det diagonal / det descending", "dash-varlen-det-diagonal", "dash-varlen-det-descending")],
 }
-
-
 
 
 def nested_sdpa_fn(pack: Pack, causal: bool, cu, backend: str):
@@ -492,7 +489,7 @@ class Runner(bc.BenchRunner):
             m = pack.max_len
             cu = self.offsets(pack)
             return bc.dash_module().varlen_schedule_used(q, k, cu, cu, m, m, causal=causal, deterministic=True,
-                                               schedule=impl.schedule, **features_kw(window_left, None))
+                                                         schedule=impl.schedule, **features_kw(window_left, None))
         return ["descending"] * len(pack.lengths)
 
     def per_document(self, q, k, v, do, pack: Pack, causal: bool, schedules: List[str], window_left=None, sink=None):

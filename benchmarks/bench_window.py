@@ -13,8 +13,7 @@ Shapes (--case, default all; bf16, batch 1, q/k/v/dO from torch.randn):
 Implementations (--impl): dash (ours, non-deterministic), dash-det (ours, deterministic "auto"), fa4, fa4-det
 (FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable; not in the default
 rows, dash-det-descending and dash-det-diagonal (ours deterministic in that order: what auto's order on bands is
-measured with). cuDNN has no sliding
-window in torch's SDPA, so it has no rows here.
+measured with). cuDNN has no sliding window in torch's SDPA, so it has no rows here.
 
 Timing: bench_attn.py's method (benchmarks/common.measure_fwd_bwd: CUDA events, median of --iters calls after
 --warmup, --sets input sets rotated, a ~1 ms GPU sleep before each call; bwd = the whole torch.autograd.grad call),
@@ -56,11 +55,12 @@ ORDER_IMPLS = ("dash-det-descending", "dash-det-diagonal")
 def make_fn(impl: str, window: tuple[int, int], sink, softcap: float = 0.0):
     """fn(q, k, v) -> out for (b, s, h, d) tensors (``sink``: None or the (heads,) learnable sink logits; ``softcap``
     0 = off); raises bc.ImplUnavailable where the implementation is missing."""
-    det = impl.endswith("-det") or "-det-" in impl
-    if impl.startswith("dash"):
+    spec = bc.IMPLS[impl]  # bench_attn's rows of the same names: family, mode and order
+    det = spec.deterministic
+    if spec.family == "dash":
         fad = bc.dash_module()
-        schedule = impl.split("-det-", 1)[1] if "-det-" in impl else "auto"
-        kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det, schedule=schedule)
+        kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det,
+                  schedule=spec.schedule)
         return lambda q, k, v: fad.flash_attn_func(q, k, v, **kw)
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
