@@ -29,7 +29,6 @@ import argparse
 import contextlib
 import os
 import sys
-import time
 
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -125,21 +124,11 @@ def shape_str(sh) -> str:
             f"b={sh['batch']} h={sh['heads']}")
 
 
-class Runner:
-    def __init__(self, args, writer, watchdog, budget):
-        import torch
-        self.torch = torch
-        self.args = args
-        self.writer = writer
-        self.watchdog = watchdog
-        self.budget = budget
-        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        self.dev = bc.bench_device()
-        self.fatal = None  # set when the CUDA context is unusable
-        self.current = None  # row in flight (for the watchdog)
+class Runner(bc.BenchRunner):
+    IMPLS = bc.IMPLS
 
     # ------------------------------------------------------------------ inputs
-    def make_sets(self, sh):
+    def make_inputs(self, sh):
         torch = self.torch
         shape = (sh["batch"], sh["seqlen"], sh["heads"], sh["hdim"])
         sets = []
@@ -193,7 +182,7 @@ class Runner:
         return res
 
     # ------------------------------------------------------------------ one row
-    def run_row(self, impl, sh, sets, idx, total):
+    def run_row(self, impl, sh, sets):
         args = self.args
         row = impl.describe()
         row.update(dtype=args.dtype, batch=sh["batch"], seqlen=sh["seqlen"], heads=sh["heads"],
@@ -201,19 +190,11 @@ class Runner:
                    causal=sh["causal"], status="ok", reason=None, stage=None, fwd=None, bwd=None,
                    bitwise_repeat=None, n_repeats=None, repeat_max_abs_dev=None, check=None,
                    schedule_used=None, wall_s=None)
-        self.current = row
-        if self.fatal:
-            row.update(status="skipped", reason=f"aborted: {self.fatal}")
-            return row
-        if sets is None:
-            row.update(status="oom", reason=self.sets_error, stage="make_inputs")
+        if self.guard(row, sets, ours=impl.family == "dash"):
             return row
         if not impl.applies_to(sh["mask"]) and not args.all_schedules:
             row.update(status="skipped", reason=f"schedule {impl.schedule} is for "
                        f"{'/'.join(impl.masks)} masks (--all-schedules runs it anyway)")
-            return row
-        if self.budget.exceeded(ours=impl.family == "dash"):
-            row.update(status="skipped", reason=self.budget.reason(ours=impl.family == "dash"))
             return row
         try:
             fn = bc.make_attn_fn(impl, sh["causal"], sm_margin=args.sm_margin)
@@ -226,11 +207,8 @@ class Runner:
 
         b, s, h, d = sh["batch"], sh["seqlen"], sh["heads"], sh["hdim"]
         fwd_flops = bc.attn_fwd_flops(b, h, s, s, d, sh["causal"])
-        t0 = time.monotonic()
-        self.watchdog.arm(f"{impl.key} {shape_str(sh)}")
-        stage = bc.Stage()
-        failed = False
-        try:
+
+        def body(stage):
             check_out = None if args.no_check else (
                 lambda out, q, k, v: self.check_out_slice(out, q, k, v, sh["causal"]))
             bc.measure_fwd_bwd(row, fn, sets, args, fwd_flops, stage, check_out, ctx)
@@ -241,40 +219,11 @@ class Runner:
             stage.name = "schedule_used"
             q, k, v, _ = sets[0]
             row["schedule_used"] = bc.schedule_used(impl, q, k, v, sh["causal"], args.sm_margin)
-        except Exception as e:  # noqa: BLE001 - every failure is recorded, the grid goes on
-            failed = True
-            bc.record_failure(row, impl, e, stage.name)
-        finally:
-            self.watchdog.disarm()
-            row["wall_s"] = round(time.monotonic() - t0, 2)
-        if failed:  # outside the except block: the traceback no longer pins tensors
-            bc.free_cuda()
-            self.fatal = bc.fatal_if_context_broken(row, f"{impl.key} {shape_str(sh)}")
+        self.timed(row, impl, f"{impl.key} {shape_str(sh)}", body)
         return row
 
-    # ------------------------------------------------------------------ grid
-    def run(self, grid, impls):
-        torch = self.torch
-        total = len(grid) * len(impls)
-        idx = 0
-        for sh in grid:
-            sets, self.sets_error = None, None
-            if not self.fatal:
-                try:
-                    sets = self.make_sets(sh)
-                except Exception as e:  # noqa: BLE001
-                    self.sets_error = f"input creation failed: {type(e).__name__}: {e}"[:500]
-                    bc.free_cuda()
-            for key in impls:
-                idx += 1
-                row = self.run_row(bc.IMPLS[key], sh, sets, idx, total)
-                self.current = None
-                self.writer.add(bc.clean_floats(row))
-                bc.log(progress_line(row, idx, total))
-                if row["status"] in ("error", "oom") and row.get("reason"):
-                    bc.log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
-            del sets
-            bc.free_cuda()
+    def progress_line(self, row, idx, total):
+        return progress_line(row, idx, total)
 
 
 NULL_CTX = contextlib.nullcontext()  # reusable, reentrant
@@ -304,46 +253,17 @@ def summary_text(rows) -> str:
                  "! = correctness check failed, - = skipped, err/oom/hang = failed"]
     for (hdim, mask), g in bc.group_attn(rows).items():
         hdr = [f"hdim {hdim} {mask}"] + [bc.seqlen_label(s) for s in g["seqlens"]]
-        body = []
-        for impl in g["impls"]:
-            cells = []
-            for s in g["seqlens"]:
-                r = g["rows"].get((impl, s))
-                if r is None:
-                    cells.append("")
-                elif r.get("bwd") is None and r.get("fwd") is None:
-                    cells.append(bc.attn_cell(r, "bwd"))
-                else:
-                    cells.append(f"{bc.attn_cell(r, 'bwd')} / {bc.attn_cell(r, 'fwd')}")
-            body.append([g["labels"][impl]] + cells)
+        body = bc.impl_table_rows(g, g["seqlens"])
         tax = []
         for s in g["seqlens"]:
             x = bc.determinism_tax(g, s)
             tax.append("-" if x is None else f"{100 * x:.1f}%")
         body.append(["det tax (bwd)"] + tax)
         parts += ["", bc.text_table(hdr, body)]
-    bad = [r for r in rows if r["status"] != "ok" and not (
+    not_measured = [r for r in rows if r["status"] != "ok" and not (
         r["status"] == "skipped" and (r.get("reason") or "").startswith("schedule "))]
-    if bad:
-        parts += ["", "Not measured (grouped by implementation and reason):"]
-        groups = {}
-        for r in bad:
-            key = (r["impl"], r["status"], r.get("stage"), (r.get("reason") or "")[:200])
-            groups.setdefault(key, []).append(
-                f"{r['hdim']}/{r['mask']}/{bc.seqlen_label(r['seqlen'])}")
-        for (impl, st, stage, reason), where in groups.items():
-            at = f" at {stage}" if stage else ""
-            parts.append(f"  {impl:<20} {st}{at} [{', '.join(where)}]: {reason}")
-    nonbit = [r for r in rows if r.get("deterministic") and r.get("bitwise_repeat") is False]
-    fails = [r for r in rows if bc.check_failed(r)]
-    if nonbit:
-        parts.append("WARNING: deterministic rows NOT bitwise reproducible: " + ", ".join(
-            f"{r['impl']}/hdim{r['hdim']}/{r['mask']}/{bc.seqlen_label(r['seqlen'])}"
-            for r in nonbit))
-    if fails:
-        parts.append("WARNING: correctness check failed: " + ", ".join(
-            f"{r['impl']}/hdim{r['hdim']}/{r['mask']}/{bc.seqlen_label(r['seqlen'])}"
-            for r in fails))
+    parts += bc.problem_lines(rows, not_measured,
+                              lambda r: f"hdim{r['hdim']}/{r['mask']}/{bc.seqlen_label(r['seqlen'])}")
     return "\n".join(parts)
 
 
@@ -370,12 +290,7 @@ def main(argv=None) -> int:
         "inputs rotated over `sets` sets; GPU sleep of pad_us before each call"),
         flops="fwd = 4*b*h*s^2*d (halved for causal); bwd = 2.5*fwd")
     writer = bc.ResultWriter(args.json, "attn", meta, config)
-    bc.log(f"{PROG}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, "
-           f"CUDA {meta.get('cuda')}, cuDNN {meta.get('cudnn')}, driver {meta.get('driver')}, "
-           f"commit {(meta.get('git_commit') or '?')[:12]}")
-    bc.log(f"flash_attn_dash: {meta.get('flash_attn_dash')} kernels="
-           f"{meta.get('flash_attn_dash_kernels')} "
-           f"{meta.get('flash_attn_dash_import_error') or ''}; FA4: {meta.get('flash_attn_4')}")
+    bc.log_run_header(PROG, meta)
     bc.log(f"{len(grid)} shapes x {len(impls)} impls, iters={args.iters} warmup={args.warmup} "
            f"sets={args.sets} repeats={args.repeats} budget={args.budget_s}")
     budget = bc.Budget(args.budget_s)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
@@ -206,35 +205,34 @@ def plan(args):
     return [(m, s) for m in models for s in seqlens], impls
 
 
-class BlockRunner:
-    def __init__(self, args, writer, watchdog, budget):
-        import torch
-        self.torch, self.args = torch, args
-        self.writer, self.watchdog, self.budget = writer, watchdog, budget
-        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        self.dev = bc.bench_device()
-        self.fatal = None
-        self.current = None
-        self.ref = None
-        self.shape_error = None
+class BlockRunner(bc.BenchRunner):
+    IMPLS = bc.IMPLS
 
-    def make_shape(self, model, seqlen):
-        """Block (same weights for every implementation) and the rotated input sets."""
+    def __init__(self, args, writer, watchdog, budget):
+        super().__init__(args, writer, watchdog, budget)
+        self.ref = None  # the reference row's output and dx for the shape (REF_IMPL runs first)
+
+    def make_inputs(self, shape):
+        """Block (same weights for every implementation) and the rotated input sets; the shape's reference row is
+        still to come."""
+        model, seqlen = shape
+        self.ref = None
         torch, args = self.torch, self.args
         cfg = MODELS[model]
         blk = build_block(cfg, None, seqlen, self.dev, self.dtype)
         blk.contiguous_qkv = not args.no_contiguous
         gen = torch.Generator(device=self.dev).manual_seed(args.seed)
-        shape = (args.batch, seqlen, cfg["hidden"])
+        x_shape = (args.batch, seqlen, cfg["hidden"])
         xs = []
         for _ in range(args.sets):
-            x = torch.randn(shape, generator=gen, device=self.dev, dtype=self.dtype)
-            do = torch.randn(shape, generator=gen, device=self.dev, dtype=self.dtype)
+            x = torch.randn(x_shape, generator=gen, device=self.dev, dtype=self.dtype)
+            do = torch.randn(x_shape, generator=gen, device=self.dev, dtype=self.dtype)
             xs.append((x.requires_grad_(True), do))
         return blk, xs
 
-    def run_row(self, model, seqlen, impl, ref, blk, xs):
+    def run_row(self, impl, shape, inputs):
         torch, args = self.torch, self.args
+        model, seqlen = shape
         cfg = MODELS[model]
         row = impl.describe()
         row.update(model=model, seqlen=seqlen, batch=args.batch, dtype=args.dtype,
@@ -245,16 +243,7 @@ class BlockRunner:
                    bitwise_repeat=None, n_repeats=None, nonbitwise=None,
                    out_max_abs_diff_vs_ref=None, dx_max_abs_diff_vs_ref=None, ref_impl=None,
                    schedule_used=None, wall_s=None)
-        self.current = row
-        if self.fatal:
-            row.update(status="skipped", reason=f"aborted: {self.fatal}")
-            return row
-        if blk is None:
-            row.update(status="oom" if "memory" in self.shape_error.lower() else "error",
-                       reason=self.shape_error, stage="build")
-            return row
-        if self.budget.exceeded(ours=impl.family == "dash"):
-            row.update(status="skipped", reason=self.budget.reason(ours=impl.family == "dash"))
+        if self.guard(row, inputs, ours=impl.family == "dash"):
             return row
         if not impl.applies_to(row["mask"]):
             row.update(status="skipped", reason=f"schedule {impl.schedule} is for "
@@ -266,43 +255,38 @@ class BlockRunner:
         except bc.ImplUnavailable as e:
             row.update(status="skipped", reason=str(e))
             return row
+        blk, xs = inputs
         ctx = (lambda: bc.torch_deterministic(True)) if impl.torch_deterministic else (
             lambda: _NULL)
         fl = bc.block_flops(cfg, args.batch, seqlen)
-        t0 = time.monotonic()
-        self.watchdog.arm(f"{model} s={seqlen} {impl.key}")
-        stage = "first_call"
-        first = g = out0 = None
-        failed = False
         blk.attn_fn = afn
         params = [p for _, p in blk.named_parameters()]
         names = ["x"] + [n for n, _ in blk.named_parameters()]
         n = len(xs)
-        try:
 
-            def fwd(i):
-                with ctx():
-                    blk(xs[i % n][0])
+        def fwd(i):
+            with ctx():
+                blk(xs[i % n][0])
 
-            def step(i):
-                x, do = xs[i % n]
-                with ctx():
-                    out = blk(x)
-                    return out, torch.autograd.grad(out, [x] + params, do)
+        def step(i):
+            x, do = xs[i % n]
+            with ctx():
+                out = blk(x)
+                return out, torch.autograd.grad(out, [x] + params, do)
 
+        def body(stage):
             out0, first = step(0)
             bc.sync()
-            if ref is not None and ref.get("model") == model and ref.get("seqlen") == seqlen:
+            ref = self.ref
+            if ref is not None:
                 row["ref_impl"] = ref["impl"]
                 row["out_max_abs_diff_vs_ref"] = (out0.float() - ref["out"].float()).abs().max().item()
                 row["dx_max_abs_diff_vs_ref"] = (first[0].float() - ref["dx"].float()).abs().max().item()
             elif impl.key == REF_IMPL:
-                ref_new = dict(model=model, seqlen=seqlen, impl=impl.key, out=out0.detach(),
-                               dx=first[0].detach())
-                self.ref = ref_new
+                self.ref = dict(impl=impl.key, out=out0.detach(), dx=first[0].detach())
             out0 = None
 
-            stage = "repeat"
+            stage.name = "repeat"
             equal, diff = True, set()
             for _ in range(args.repeats - 1):
                 _, g = step(0)
@@ -315,62 +299,29 @@ class BlockRunner:
             row.update(bitwise_repeat=equal, n_repeats=args.repeats,
                        nonbitwise=sorted(diff)[:12] or None)
 
-            stage = "fwd"
+            stage.name = "fwd"
             ts = bc.time_cuda(fwd, args.iters, args.warmup, args.pad_us)
             row["fwd"] = bc.summarize_ms(ts)
             row["fwd"].update(flops=fl["fwd"], tflops=bc.tflops(fl["fwd"], row["fwd"]["ms"]))
-            stage = "step"
+            stage.name = "step"
             ts = bc.time_cuda(lambda i: step(i), args.iters, args.warmup, args.pad_us)
             row["step"] = bc.summarize_ms(ts)
             row["step"].update(flops=fl["step"], tflops=bc.tflops(fl["step"], row["step"]["ms"]),
                                tokens_per_s=args.batch * seqlen / (row["step"]["ms"] * 1e-3))
             row["bwd_ms_est"] = row["step"]["ms"] - row["fwd"]["ms"]
-            stage = "schedule_used"
+            stage.name = "schedule_used"
             h, hk, d = cfg["heads"], cfg["heads_kv"], cfg["hdim"]
             if impl.family == "dash":
                 q = torch.empty(args.batch, seqlen, h, d, device=self.dev, dtype=self.dtype)
                 kv = torch.empty(args.batch, seqlen, hk, d, device=self.dev, dtype=self.dtype)
-                row["schedule_used"] = bc.schedule_used(impl, q, kv, kv, cfg["causal"],
-                                                        args.sm_margin)
-                q = kv = None
-            stage = None
-        except Exception as e:  # noqa: BLE001
-            failed = True
-            bc.record_failure(row, impl, e, stage)
-        finally:
-            self.watchdog.disarm()
-            row["wall_s"] = round(time.monotonic() - t0, 2)
+                row["schedule_used"] = bc.schedule_used(impl, q, kv, kv, cfg["causal"], args.sm_margin)
+        self.timed(row, impl, f"{model} s={seqlen} {impl.key}", body)
         blk.attn_fn = None
-        first = g = out0 = None  # noqa: F841
         bc.free_cuda()
-        if failed:
-            self.fatal = bc.fatal_if_context_broken(row, f"{model} s={seqlen} {impl.key}")
         return row
 
-    def run(self, shapes, impls):
-        total = len(shapes) * len(impls)
-        idx = 0
-        for model, seqlen in shapes:
-            self.ref = None
-            blk = xs = None
-            if not self.fatal:
-                try:
-                    blk, xs = self.make_shape(model, seqlen)
-                except Exception as e:  # noqa: BLE001
-                    self.shape_error = f"block/input creation failed: {type(e).__name__}: {e}"[:500]
-                    blk = xs = None
-                    bc.free_cuda()
-            for key in impls:
-                idx += 1
-                row = self.run_row(model, seqlen, bc.IMPLS[key], self.ref, blk, xs)
-                self.current = None
-                self.writer.add(bc.clean_floats(row))
-                bc.log(progress_line(row, idx, total))
-                if row["status"] in ("error", "oom") and row.get("reason"):
-                    bc.log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
-            self.ref = None
-            blk = xs = None
-            bc.free_cuda()
+    def progress_line(self, row, idx, total):
+        return progress_line(row, idx, total)
 
 
 _NULL = __import__("contextlib").nullcontext()
@@ -451,9 +402,7 @@ def main(argv=None) -> int:
                   flops="matmul FLOPs: linears 2*tokens*params (bwd 2x), attention 4*b*h*s^2*d "
                         "(halved for causal, bwd 2.5x)")
     writer = bc.ResultWriter(args.json, "block", meta, config)
-    bc.log(f"{PROG}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, "
-           f"CUDA {meta.get('cuda')}, commit {(meta.get('git_commit') or '?')[:12]}; "
-           f"flash_attn_dash kernels={meta.get('flash_attn_dash_kernels')}")
+    bc.log_run_header(PROG, meta)
     budget = bc.Budget(args.budget_s)
     _, code = bc.run_rows(lambda wd: BlockRunner(args, writer, wd, budget), (shapes, impls), writer, args,
                           budget, summary_text, dict(model="?", seqlen=0, impl="?"))

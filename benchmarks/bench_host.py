@@ -103,7 +103,7 @@ def varlen_section(calls: int) -> dict:
     import torch
 
     from flash_attn_dash import features, varlen_schedule_used
-    from flash_attn_dash.launch import bwd_launch, sequence_launch, varlen_kernel_launch
+    from flash_attn_dash.launch import bwd_launch, sequence_launch, varlen_kernel_launch, varlen_request
     from flash_attn_dash.varlen_checks import check_varlen_args
     from flash_attn_dash.varlen_layout import read_layout
 
@@ -124,13 +124,14 @@ def varlen_section(calls: int) -> dict:
         seqs = read_layout(cu, cu, m, m, None, None, tokens, tokens)
 
         def decisions():
-            return [sequence_launch(causal, d, s.q_len, s.k_len, h, sh["num_sms"], det, sh["schedule"])
+            request = varlen_request(det, sh["schedule"], d, features.kernel_window(causal, (-1, -1), m, m)[1])
+            return [sequence_launch(causal, d, s.q_len, s.k_len, h, sh["num_sms"], det, request)
                     for s in seqs if s.has_work]
 
         def kernel_path():  # both passes: the checks, the mask, the backward's order and grid
             check_varlen_args(q, k, k, cu, cu, m, m, None, None)
-            features.kernel_mask(causal, (-1, -1), 0.0, m, m)
-            varlen_kernel_launch(det, sh["schedule"], d, tokens, docs, h, sh["num_sms"])
+            _, window = features.kernel_mask(causal, (-1, -1), 0.0, m, m)
+            varlen_kernel_launch(det, sh["schedule"], d, tokens, docs, h, sh["num_sms"], None, window, causal)
 
         us = dict(
             check_varlen_args=time_ns(lambda: check_varlen_args(q, k, k, cu, cu, m, m, None, None), calls),

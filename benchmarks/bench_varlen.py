@@ -13,13 +13,17 @@ hdim 64/128, heads = --hidden/hdim (2048/hdim), K/V heads --heads-k (default: he
 
 Implementations (--impl, keys / groups / fnmatch patterns as bench_attn.py):
   dash-varlen, dash-varlen-det           ours, flash_attn_dash.flash_attn_varlen_func (det: schedule "auto");
+  dash-varlen-det-descending, dash-varlen-det-diagonal (group ours-varlen-orders, with dash-varlen-det)
+                                         ours deterministic varlen in a named portable order (diagonal: causal
+                                         masks only), what auto's choice per head dim and mask is measured with;
+                                         not in the default rows;
   dash-varlen-kernels, dash-varlen-kernels-det
                                          the same with the varlen kernels forced on for the row (the gates
                                          varlen_cuda.FWD/BWD_KERNEL_VALIDATED);
   dash-dense, dash-dense-det, dash-dense-det-descending
                                          ours, flash_attn_func on the (batch, seqlen) view of a uniform pack (the
                                          varlen-vs-dense comparison at equal shapes; "descending" is the order
-                                         deterministic varlen "auto" runs);
+                                         deterministic varlen "auto" runs but on causal hdim 64 packs);
   fa4-varlen, fa4-varlen-det             FlashAttention-4, flash_attn.cute.flash_attn_varlen_func(...,
                                          deterministic=), when importable;
   cudnn-varlen                           cuDNN through torch's nested (jagged) tensors and SDPA's CUDNN_ATTENTION
@@ -41,9 +45,10 @@ pack reads (s+1)/s times its number here; ratios within this harness use the sam
 Each row records the pack (kind, tokens, seed, lengths), fwd/bwd ms and TFLOP/s, bitwise_repeat (dq/dk/dv torch.equal
 over --repeats backwards of one forward), a check and schedule_used (ours). The check: an output slice of the real
 pack's longest document against an fp32 reference (dash.md's rule), and out/dq/dk/dv of a small pack (--check-tokens,
-2 K/V heads) against per-document calls of our dense flash_attn_func (deterministic, "descending") and an fp32
-reference: err <= 2 x the dense call's err + atol; rows bound by the reproducibility contract (ours deterministic
-varlen, ours dense "descending") must also equal the per-document calls bit for bit.
+2 K/V heads) against per-document calls of our dense flash_attn_func (deterministic, in the order varlen_schedule_used
+reports for the document on our deterministic varlen rows, "descending" on the others) and an fp32 reference: err <=
+2 x the dense call's err + atol; rows bound by the reproducibility contract (ours deterministic varlen, ours dense
+"descending") must also equal the per-document calls bit for bit.
 
 Results: --json PATH (rewritten after every row), a compact table on stdout with the ratios the issue targets (varlen
 within 3% of dense; deterministic varlen >= FA4 deterministic and >= 0.97 x FA4 non-deterministic on pareto packs).
@@ -60,7 +65,6 @@ import importlib
 import itertools
 import os
 import sys
-import time
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -140,11 +144,12 @@ def pack_fwd_flops(lengths, heads: int, hdim: int, causal: bool, window_left: Op
 @dataclass
 class VarlenImpl(bc.Impl):
     api: str = "varlen"  # "varlen": one call on the packed tensors; "dense": the (batch, seqlen) view of a uniform pack
-    bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense "descending" calls
+    bitwise_as_dense: bool = False  # the contract: its bits equal per-document dense calls (dense_schedules' orders)
     varlen_kernels: bool = False  # ours: the varlen kernels forced on while the row runs
 
-    def runs_on(self, pack: Pack) -> bool:
-        return self.api == "varlen" or pack.kind == "uniform"
+    def runs_on(self, sh: dict) -> bool:
+        """Whether the row runs on the shape: dense rows on uniform packs only, an order on the masks it is for."""
+        return (self.api == "varlen" or sh["pack"].kind == "uniform") and self.applies_to(sh["mask"])
 
     def describe(self) -> dict:
         return dict(super().describe(), api=self.api)
@@ -153,6 +158,10 @@ class VarlenImpl(bc.Impl):
 IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("dash-varlen", "ours varlen non-det", "dash", False, "auto"),
     VarlenImpl("dash-varlen-det", "ours varlen det auto", "dash", True, "auto", bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-det-descending", "ours varlen det descending", "dash", True, "descending",
+               bitwise_as_dense=True),
+    VarlenImpl("dash-varlen-det-diagonal", "ours varlen det diagonal", "dash", True, "diagonal", masks=("causal",),
+               bitwise_as_dense=True),
     VarlenImpl("dash-varlen-kernels", "ours varlen kernels non-det", "dash", False, "auto", varlen_kernels=True),
     VarlenImpl("dash-varlen-kernels-det", "ours varlen kernels det auto", "dash", True, "auto", bitwise_as_dense=True,
                varlen_kernels=True),
@@ -164,28 +173,29 @@ IMPLS: Dict[str, VarlenImpl] = {i.key: i for i in [
     VarlenImpl("fa4-varlen-det", "FA4 varlen det", "fa4", True),
     VarlenImpl("cudnn-varlen", "cuDNN varlen non-det", "sdpa", False, backend="CUDNN_ATTENTION"),
 ]}
+# ours deterministic varlen in a named portable order (auto picks among them, launch.varlen_request): what the
+# choice per head dim and mask is measured with, outside the default rows
+ORDER_ROWS = ("dash-varlen-det-descending", "dash-varlen-det-diagonal")
 IMPL_GROUPS = {
     "ours": [k for k in IMPLS if k.startswith("dash-")],
     "ours-varlen": ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels", "dash-varlen-kernels-det"],
     "ours-dense": ["dash-dense", "dash-dense-det", "dash-dense-det-descending"],
+    # deterministic varlen in each portable order auto picks from (launch.varlen_request), one order per row
+    "ours-varlen-orders": ["dash-varlen-det", *ORDER_ROWS],
     "fa4-all": ["fa4-varlen", "fa4-varlen-det"],
     # the kernels' rows are for runs before their gates lift (after it, dash-varlen* run the kernels)
-    "default": [k for k in IMPLS if not IMPLS[k].varlen_kernels],
+    "default": [k for k in IMPLS if not IMPLS[k].varlen_kernels and k not in ORDER_ROWS],
     "all": list(IMPLS),
 }
 # (label, numerator impl, denominator impl) per pack kind: the issue's targets, bwd / fwd
 RATIOS = {
     "uniform": [("varlen / dense non-det (>= 0.97)", "dash-varlen", "dash-dense"),
-                ("varlen det / dense det descending (>= 0.97)", "dash-varlen-det", "dash-dense-det-descending")],
+                ("varlen det / dense det descending (>= 0.97)", "dash-varlen-det", "dash-dense-det-descending"),
+                ("det diagonal / det descending", "dash-varlen-det-diagonal", "dash-varlen-det-descending")],
     "pareto": [("det / FA4 det (>= 1)", "dash-varlen-det", "fa4-varlen-det"),
-               ("det / FA4 non-det (>= 0.97)", "dash-varlen-det", "fa4-varlen")],
+               ("det / FA4 non-det (>= 0.97)", "dash-varlen-det", "fa4-varlen"),
+               ("det diagonal / det descending", "dash-varlen-det-diagonal", "dash-varlen-det-descending")],
 }
-
-
-def ours():
-    """flash_attn_dash with its kernels; in the CPU self-test its CPU reference path, so that every stage of our rows
-    runs there."""
-    return bc.import_flash_attn_dash() if bc.bench_device() == "cpu" else bc._import_dash()
 
 
 def nested_sdpa_fn(pack: Pack, causal: bool, cu, backend: str):
@@ -247,7 +257,7 @@ def make_fn(impl: VarlenImpl, pack: Pack, causal: bool, cu, window_left: Optiona
     cannot run here."""
     m = pack.max_len
     if impl.family == "dash":
-        fad = ours()
+        fad = bc.dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
                   **features_kw(window_left, sink))
         if impl.api == "varlen":
@@ -288,7 +298,7 @@ def schedule_used(impl: VarlenImpl, pack: Pack, causal: bool, q, k, cu, window_l
     if impl.family != "dash":
         return None
     try:
-        fad = ours()
+        fad = bc.dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule,
                   **features_kw(window_left, None))
         m = pack.max_len
@@ -415,19 +425,8 @@ def shape_str(sh) -> str:
 
 
 # --------------------------------------------------------------------------- runner
-class Runner:
-    def __init__(self, args, writer, watchdog, budget):
-        import torch
-        self.torch = torch
-        self.args = args
-        self.writer = writer
-        self.watchdog = watchdog
-        self.budget = budget
-        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-        self.dev = bc.bench_device()
-        self.fatal = None  # set when the CUDA context is unusable
-        self.current = None  # row in flight (for the watchdog)
-        self.sets_error = None
+class Runner(bc.BenchRunner):
+    IMPLS = IMPLS
 
     # ------------------------------------------------------------------ inputs
     def offsets(self, pack: Pack):
@@ -447,13 +446,17 @@ class Runner:
         g = self.torch.Generator(device=self.dev).manual_seed(4242)
         return self.torch.randn(heads, generator=g, device=self.dev, dtype=self.torch.float32)
 
-    def make_sets(self, sh):
+    def make_inputs(self, sh):
+        """The row's rotated (q, k, v, dout) sets and the pack's offsets."""
         sets = []
         for i in range(self.args.sets):
             q, k, v, do = self.random_pack(sh["pack"].tokens, sh["heads"], sh["heads_k"], sh["hdim"],
                                            self.args.seed * 1000 + i)
             sets.append((q.requires_grad_(), k.requires_grad_(), v.requires_grad_(), do))
-        return sets
+        return sets, self.offsets(sh["pack"])
+
+    def runs_on(self, impl, sh):
+        return impl.runs_on(sh)
 
     # ------------------------------------------------------------------ checks
     def check_out_slice(self, out, q, k, v, pack: Pack, causal: bool, window_left=None, sink=None):
@@ -477,16 +480,28 @@ class Runner:
             x = out[doc].index_select(1, qh)[None][:, rows]
             return bc.tol_check(x, ref, pt)
 
-    def per_document(self, q, k, v, do, pack: Pack, causal: bool, window_left=None, sink=None):
-        """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, "descending") and of the fp32 reference,
-        each document alone, packed again."""
+    def dense_schedules(self, impl: VarlenImpl, pack: Pack, causal: bool, q, k, window_left=None) -> List[str]:
+        """The order of each document's dense call that the row's bits are compared with: for our deterministic
+        varlen rows the order ``varlen_schedule_used`` reports for the document (the contract: the dense call in
+        that order gives the same bits; None, a document without backward work, runs "descending"), else
+        "descending"."""
+        if impl.family == "dash" and impl.api == "varlen" and impl.deterministic:
+            m = pack.max_len
+            cu = self.offsets(pack)
+            return bc.dash_module().varlen_schedule_used(q, k, cu, cu, m, m, causal=causal, deterministic=True,
+                                                         schedule=impl.schedule, **features_kw(window_left, None))
+        return ["descending"] * len(pack.lengths)
+
+    def per_document(self, q, k, v, do, pack: Pack, causal: bool, schedules: List[str], window_left=None, sink=None):
+        """(out, dq, dk, dv) of our dense flash_attn_func (deterministic, document i in ``schedules[i]``) and of the
+        fp32 reference, each document alone, packed again."""
         torch = self.torch
-        fad = ours()
+        fad = bc.dash_module()
         dense, ref = [], []
-        for a, b in zip(pack.offsets()[:-1], pack.offsets()[1:]):
+        for a, b, schedule in zip(pack.offsets()[:-1], pack.offsets()[1:], schedules):
             doc = [t[a:b][None] for t in (q, k, v)]
             lv = [t.clone().requires_grad_(True) for t in doc]
-            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule="descending",
+            o = fad.flash_attn_func(*lv, causal=causal, deterministic=True, schedule=schedule or "descending",
                                     **features_kw(window_left, sink))
             dense.append((o.detach(),) + torch.autograd.grad(o, lv, do[a:b][None]))
             lv = [t.float().requires_grad_(True) for t in doc]
@@ -506,8 +521,10 @@ class Runner:
         leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
         out = fn(*leaves)
         got = (out.detach(),) + torch.autograd.grad(out, leaves, do)
-        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"], sh.get("window_left"), sink)
-        res = dict(lengths=list(pack.lengths), heads=heads, heads_kv=heads_k)
+        schedules = self.dense_schedules(impl, pack, sh["causal"], q, k, sh.get("window_left"))
+        dense, ref = self.per_document(q, k, v, do, pack, sh["causal"], schedules, sh.get("window_left"), sink)
+        res = dict(lengths=list(pack.lengths), heads=heads, heads_kv=heads_k,
+                   dense_schedules=dict(collections.Counter(schedules)))
         names = ("out", "dq", "dk", "dv")
         for i, nm in enumerate(names):
             res[nm] = bc.tol_check(got[i], ref[i], dense[i])
@@ -516,11 +533,11 @@ class Runner:
         return res
 
     # ------------------------------------------------------------------ one row
-    def run_row(self, impl: VarlenImpl, sh, sets, cu):
+    def run_row(self, impl: VarlenImpl, sh, inputs):
         with forced_varlen_kernels(impl.varlen_kernels):
-            return self._run_row(impl, sh, sets, cu)
+            return self._run_row(impl, sh, inputs)
 
-    def _run_row(self, impl: VarlenImpl, sh, sets, cu):
+    def _run_row(self, impl: VarlenImpl, sh, inputs):
         args = self.args
         pack = sh["pack"]
         row = impl.describe()
@@ -530,30 +547,18 @@ class Runner:
                    reason=None, stage=None, fwd=None, bwd=None,
                    bitwise_repeat=None, n_repeats=None, repeat_max_abs_dev=None, check=None, schedule_used=None,
                    wall_s=None)
-        self.current = row
-        ours_row = impl.family == "dash"
-        if self.fatal:
-            row.update(status="skipped", reason=f"aborted: {self.fatal}")
+        if self.guard(row, inputs, ours=impl.family == "dash"):
             return row
-        if sets is None:
-            row.update(status="oom", reason=self.sets_error, stage="make_inputs")
-            return row
-        if self.budget.exceeded(ours=ours_row):
-            row.update(status="skipped", reason=self.budget.reason(ours=ours_row))
-            return row
+        sets, cu = inputs
         window_left, sink = sh.get("window_left"), self.sink_for(sh, sh["heads"])
         try:
             fn = make_fn(impl, pack, sh["causal"], cu, window_left, sink)
         except bc.ImplUnavailable as e:
             row.update(status="skipped", reason=str(e))
             return row
-
         fwd_flops = pack_fwd_flops(pack.lengths, sh["heads"], sh["hdim"], sh["causal"], window_left)
-        t0 = time.monotonic()
-        self.watchdog.arm(f"{impl.key} {shape_str(sh)}")
-        stage = bc.Stage()
-        failed = False
-        try:
+
+        def body(stage):
             check_out = None if args.no_check else (
                 lambda out, q, k, v: self.check_out_slice(out, q, k, v, pack, sh["causal"], window_left, sink))
             bc.measure_fwd_bwd(row, fn, sets, args, fwd_flops, stage, check_out)
@@ -567,45 +572,11 @@ class Runner:
             stage.name = "schedule_used"
             q, k, _, _ = sets[0]
             row["schedule_used"] = schedule_used(impl, pack, sh["causal"], q, k, cu, window_left)
-        except bc.ImplUnavailable as e:  # found out by the first call (no kernel of a backend for these inputs)
-            row.update(status="skipped", reason=str(e), stage=stage.name)
-        except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
-            failed = True
-            bc.record_failure(row, impl, e, stage.name)
-        finally:
-            self.watchdog.disarm()
-            row["wall_s"] = round(time.monotonic() - t0, 2)
-        if failed:  # outside the except block: the traceback no longer pins tensors
-            bc.free_cuda()
-            self.fatal = bc.fatal_if_context_broken(row, f"{impl.key} {shape_str(sh)}")
+        self.timed(row, impl, f"{impl.key} {shape_str(sh)}", body)
         return row
 
-    # ------------------------------------------------------------------ all rows
-    def run(self, shapes, impls):
-        work = [(sh, [k for k in impls if IMPLS[k].runs_on(sh["pack"])]) for sh in shapes]
-        total = sum(len(keys) for _, keys in work)
-        idx = 0
-        for sh, keys in work:
-            if not keys:
-                continue
-            sets = cu = None
-            self.sets_error = None
-            if not self.fatal:
-                try:
-                    sets, cu = self.make_sets(sh), self.offsets(sh["pack"])
-                except Exception as e:  # noqa: BLE001
-                    sets, self.sets_error = None, f"input creation failed: {type(e).__name__}: {e}"[:500]
-                    bc.free_cuda()
-            for key in keys:
-                idx += 1
-                row = self.run_row(IMPLS[key], sh, sets, cu)
-                self.current = None
-                self.writer.add(bc.clean_floats(row))
-                bc.log(progress_line(row, idx, total))
-                if row["status"] in ("error", "oom") and row.get("reason"):
-                    bc.log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
-            del sets
-            bc.free_cuda()
+    def progress_line(self, row, idx, total):
+        return progress_line(row, idx, total)
 
 
 # --------------------------------------------------------------------------- output
@@ -658,46 +629,19 @@ def summary_text(rows) -> str:
                  "failed, - = skipped, err/oom/hang = failed; ratios are 'bwd / fwd'"]
     for (kind, hdim, mask), g in group_rows(rows).items():
         hdr = [f"{kind} hdim {hdim} {mask}"] + g["packs"]
-        body = []
-        for impl in g["impls"]:
-            cells = []
-            for p in g["packs"]:
-                r = g["rows"].get((impl, p))
-                if r is None:
-                    cells.append("")
-                elif r.get("bwd") is None and r.get("fwd") is None:
-                    cells.append(bc.attn_cell(r, "bwd"))
-                else:
-                    cells.append(f"{bc.attn_cell(r, 'bwd')} / {bc.attn_cell(r, 'fwd')}")
-            body.append([g["labels"][impl]] + cells)
+        body = bc.impl_table_rows(g, g["packs"])
         for label, num, den in RATIOS[kind]:
             if num in g["impls"] and den in g["impls"]:
                 body.append([label] + [ratio_cell(g, p, num, den) for p in g["packs"]])
         parts += ["", bc.text_table(hdr, body)]
-    bad = [r for r in rows if r["status"] != "ok"]
-    if bad:
-        parts += ["", "Not measured (grouped by implementation and reason):"]
-        reasons: Dict[tuple, list] = {}
-        for r in bad:
-            key = (r["impl"], r["status"], r.get("stage"), (r.get("reason") or "")[:200])
-            reasons.setdefault(key, []).append(row_where(r))
-        for (impl, st, stage, reason), where in reasons.items():
-            at = f" at {stage}" if stage else ""
-            parts.append(f"  {impl:<26} {st}{at} [{', '.join(where)}]: {reason}")
-    nonbit = [r for r in rows if r.get("deterministic") and r.get("bitwise_repeat") is False]
-    fails = [r for r in rows if bc.check_failed(r)]
-    if nonbit:
-        parts.append("WARNING: deterministic rows NOT bitwise reproducible: "
-                     + ", ".join(f"{r['impl']}/{row_where(r)}" for r in nonbit))
-    if fails:
-        parts.append("WARNING: correctness check failed: " + ", ".join(f"{r['impl']}/{row_where(r)}" for r in fails))
+    parts += bc.problem_lines(rows, [r for r in rows if r["status"] != "ok"], row_where)
     return "\n".join(parts)
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     shapes, impls = plan(args)
-    rows = sum(IMPLS[k].runs_on(sh["pack"]) for sh in shapes for k in impls)
+    rows = sum(IMPLS[k].runs_on(sh) for sh in shapes for k in impls)
     if args.dry_run:
         print(f"{len(shapes)} shapes, {len(impls)} implementations: {rows} rows (dense ones on uniform packs only)")
         print("implementations: " + ", ".join(impls))
@@ -716,10 +660,7 @@ def main(argv=None) -> int:
                           "sets; GPU sleep of pad_us before each call"),
                   flops="fwd = sum over documents of 4*h*d*visible pairs (l^2 full, l(l+1)/2 causal); bwd = 2.5*fwd")
     writer = bc.ResultWriter(args.json, "varlen", meta, config)
-    bc.log(f"{PROG}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, CUDA "
-           f"{meta.get('cuda')}, cuDNN {meta.get('cudnn')}, commit {(meta.get('git_commit') or '?')[:12]}")
-    bc.log(f"flash_attn_dash: {meta.get('flash_attn_dash')} kernels={meta.get('flash_attn_dash_kernels')} "
-           f"{meta.get('flash_attn_dash_import_error') or ''}; FA4: {meta.get('flash_attn_4')}")
+    bc.log_run_header(PROG, meta)
     bc.log(f"{len(shapes)} shapes, {rows} rows, iters={args.iters} warmup={args.warmup} sets={args.sets} "
            f"repeats={args.repeats} budget={args.budget_s}")
     budget = bc.Budget(args.budget_s)

@@ -11,8 +11,9 @@ Shapes (--case, default all; bf16, batch 1, q/k/v/dO from torch.randn):
   hdim256   the gemma shape causal, without a window or softcap (Gemma's global layers without softcap, Qwen3-Next)
   mla       DeepSeek-V3's attention: q/k head dim 192, v head dim 128, 16 heads (MHA), causal
 Implementations (--impl): dash (ours, non-deterministic), dash-det (ours, deterministic "auto"), fa4, fa4-det
-(FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable. cuDNN has no sliding
-window in torch's SDPA, so it has no rows here.
+(FlashAttention-4's flash_attn.cute.flash_attn_func, window sides -1 as None), when importable; not in the default
+rows, dash-det-descending and dash-det-diagonal (ours deterministic in that order: what auto's order on bands is
+measured with). cuDNN has no sliding window in torch's SDPA, so it has no rows here.
 
 Timing: bench_attn.py's method (benchmarks/common.measure_fwd_bwd: CUDA events, median of --iters calls after
 --warmup, --sets input sets rotated, a ~1 ms GPU sleep before each call; bwd = the whole torch.autograd.grad call),
@@ -30,7 +31,6 @@ import argparse
 import os
 import sys
 import time
-from types import SimpleNamespace
 
 if __package__ in (None, ""):  # run as a script: make the repo root importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -49,15 +49,18 @@ CASES = {
 }
 SEQLENS = (8192, 16384, 32768)
 IMPLS = ("dash", "dash-det", "fa4", "fa4-det")
+ORDER_IMPLS = ("dash-det-descending", "dash-det-diagonal")
 
 
 def make_fn(impl: str, window: tuple[int, int], sink, softcap: float = 0.0):
     """fn(q, k, v) -> out for (b, s, h, d) tensors (``sink``: None or the (heads,) learnable sink logits; ``softcap``
     0 = off); raises bc.ImplUnavailable where the implementation is missing."""
-    det = impl.endswith("-det")
-    if impl.startswith("dash"):
-        fad = bc.import_flash_attn_dash()
-        kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det)
+    spec = bc.IMPLS[impl]  # bench_attn's rows of the same names: family, mode and order
+    det = spec.deterministic
+    if spec.family == "dash":
+        fad = bc.dash_module()
+        kw = dict(window_size=window, learnable_sink=sink, softcap=softcap, deterministic=det,
+                  schedule=spec.schedule)
         return lambda q, k, v: fad.flash_attn_func(q, k, v, **kw)
     try:
         from flash_attn.cute import flash_attn_func as fa4_func
@@ -160,7 +163,7 @@ def main(argv=None) -> int:
     cases = bc.parse_list(args.case) or list(CASES)
     impls = bc.parse_list(args.impl) or list(IMPLS)
     seqlens = bc.parse_list(args.seqlen, bc.parse_seqlen) or list(SEQLENS)
-    for name, known in (("case", CASES), ("impl", IMPLS)):
+    for name, known in (("case", CASES), ("impl", IMPLS + ORDER_IMPLS)):
         bad = [x for x in (cases if name == "case" else impls) if x not in known]
         if bad:
             raise SystemExit(f"{PROG}: unknown {name} {bad[0]!r}; known: {', '.join(known)}")
@@ -171,7 +174,7 @@ def main(argv=None) -> int:
             for impl in impls:
                 row = run_row(impl, case, seqlen, args)
                 writer.add(row)
-                print(f"{case:<8} {bc.seqlen_label(seqlen):>4} {impl:<9} {row['status']:<7} "
+                print(f"{case:<8} {bc.seqlen_label(seqlen):>4} {impl:<19} {row['status']:<7} "
                       f"bwd {bc.fmt_num(bc.row_tflops(row, 'bwd'))} TF/s", flush=True)
     writer.finish(True)
     print(table(writer.rows))

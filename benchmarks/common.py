@@ -27,7 +27,7 @@ import sys
 import threading
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Optional, Sequence
 
 SCHEMA = "flash-attn-dash-bench"
@@ -160,6 +160,8 @@ IMPLS: Dict[str, Impl] = {i.key: i for i in [
     Impl("dash-det-shift", "dash det shift", "dash", True, "shift", masks=("full",)),
     Impl("dash-det-symshift", "dash det symmetric_shift", "dash", True, "symmetric_shift",
          masks=("causal",)),
+    Impl("dash-det-split", "dash det split", "dash", True, "split", masks=("causal",)),
+    Impl("dash-det-diagonal", "dash det diagonal", "dash", True, "diagonal", masks=("causal",)),
     Impl("sdpa-cudnn", "cuDNN non-det", "sdpa", False, backend="CUDNN_ATTENTION"),
     Impl("sdpa-flash", "SDPA-flash (FA2) non-det", "sdpa", False, backend="FLASH_ATTENTION"),
     Impl("sdpa-efficient", "SDPA-efficient non-det", "sdpa", False, backend="EFFICIENT_ATTENTION"),
@@ -249,6 +251,12 @@ def _import_dash():
     return fad
 
 
+def dash_module():
+    """flash_attn_dash with its kernels (ImplUnavailable without them); in the CPU self-test (FAD_BENCH_CPU=1) its
+    CPU reference path, so that every stage of our rows runs there."""
+    return import_flash_attn_dash() if bench_device() == "cpu" else _import_dash()
+
+
 def _first(r):
     return r[0] if isinstance(r, (tuple, list)) else r
 
@@ -258,7 +266,7 @@ def make_attn_fn(impl: Impl, causal: bool, sm_margin: int = 0,
     """Return fn(q, k, v) -> out for (b, s, h, d) tensors (k/v may have fewer heads: GQA).
     Raises ImplUnavailable when the implementation cannot be used on this machine."""
     if impl.family == "dash":
-        fad = _import_dash()
+        fad = dash_module()
         kw = dict(causal=causal, deterministic=impl.deterministic, schedule=impl.schedule)
         if sm_margin:
             kw["sm_margin"] = sm_margin
@@ -908,6 +916,48 @@ def attn_cell(row: Optional[dict], pass_: str) -> str:
     return s
 
 
+def impl_table_rows(g: dict, columns: Sequence) -> List[List[str]]:
+    """One table row per implementation of a summary group ``g`` (``impls``, ``labels``, ``rows`` keyed by
+    (impl, column)): its label, then per column 'bwd / fwd' TFLOP/s (:func:`attn_cell`; one cell when neither ran)."""
+    body = []
+    for impl in g["impls"]:
+        cells = []
+        for c in columns:
+            r = g["rows"].get((impl, c))
+            if r is None:
+                cells.append("")
+            elif r.get("bwd") is None and r.get("fwd") is None:
+                cells.append(attn_cell(r, "bwd"))
+            else:
+                cells.append(f"{attn_cell(r, 'bwd')} / {attn_cell(r, 'fwd')}")
+        body.append([g["labels"][impl]] + cells)
+    return body
+
+
+def problem_lines(rows: Sequence[dict], not_measured: Sequence[dict], where: Callable[[dict], str]) -> List[str]:
+    """The end of a summary: the rows ``not_measured`` grouped by implementation, status, stage and reason
+    (``where(row)`` names a row's shape), then warnings for deterministic rows that were not bitwise reproducible
+    and for failed correctness checks."""
+    lines = []
+    if not_measured:
+        lines += ["", "Not measured (grouped by implementation and reason):"]
+        groups: Dict[tuple, list] = {}
+        for r in not_measured:
+            key = (r["impl"], r["status"], r.get("stage"), (r.get("reason") or "")[:200])
+            groups.setdefault(key, []).append(where(r))
+        for (impl, st, stage, reason), at_rows in groups.items():
+            at = f" at {stage}" if stage else ""
+            lines.append(f"  {impl:<26} {st}{at} [{', '.join(at_rows)}]: {reason}")
+    nonbit = [r for r in rows if r.get("deterministic") and r.get("bitwise_repeat") is False]
+    if nonbit:
+        lines.append("WARNING: deterministic rows NOT bitwise reproducible: "
+                     + ", ".join(f"{r['impl']}/{where(r)}" for r in nonbit))
+    fails = [r for r in rows if check_failed(r)]
+    if fails:
+        lines.append("WARNING: correctness check failed: " + ", ".join(f"{r['impl']}/{where(r)}" for r in fails))
+    return lines
+
+
 def group_attn(rows: Sequence[dict]) -> Dict[tuple, dict]:
     """{(hdim, mask): {seqlens, impls (first-seen order), labels, rows: {(impl, seqlen): row}}}
     in hdim, mask (full, causal) order."""
@@ -961,6 +1011,109 @@ def determinism_tax(group: dict, seqlen: int, pass_: str = "bwd") -> Optional[fl
     if d is None or n is None or n[0] <= 0:
         return None
     return 1.0 - d[0] / n[0]
+
+
+def log_run_header(prog: str, meta: dict) -> None:
+    """A run's first lines: the GPU, the software and our build, as the JSON's meta records them."""
+    log(f"{prog}: {meta.get('gpu')} ({meta.get('sm_count')} SMs), torch {meta.get('torch')}, CUDA {meta.get('cuda')}, "
+        f"cuDNN {meta.get('cudnn')}, driver {meta.get('driver')}, commit {(meta.get('git_commit') or '?')[:12]}")
+    log(f"flash_attn_dash: {meta.get('flash_attn_dash')} kernels={meta.get('flash_attn_dash_kernels')} "
+        f"{meta.get('flash_attn_dash_import_error') or ''}; FA4: {meta.get('flash_attn_4')}")
+
+
+class BenchRunner:
+    """The row loop of bench_attn.py, bench_varlen.py and bench_block.py. Per shape, its inputs are made once
+    (``make_inputs``; a failure is recorded on each of its rows); each implementation's row (``run_row``) is guarded
+    (``guard``: a run whose CUDA context broke, a shape without inputs and a spent time budget skip it), timed under
+    the hang watchdog (``timed``: any exception is recorded on the row and the run goes on, unless it broke the CUDA
+    context) and written with a progress line (``progress_line``). ``IMPLS`` maps the keys to implementations;
+    ``runs_on`` leaves a shape's rows out of the run altogether."""
+
+    IMPLS: Dict[str, "Impl"] = {}
+
+    def __init__(self, args, writer, watchdog, budget):
+        import torch
+        self.torch, self.args = torch, args
+        self.writer, self.watchdog, self.budget = writer, watchdog, budget
+        self.dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
+        self.dev = bench_device()
+        self.fatal = None  # set when the CUDA context is unusable
+        self.current = None  # the row in flight (for the watchdog)
+        self.inputs_error = None  # why the current shape's inputs could not be made
+
+    def make_inputs(self, shape):
+        raise NotImplementedError
+
+    def run_row(self, impl: "Impl", shape, inputs) -> dict:
+        raise NotImplementedError
+
+    def progress_line(self, row: dict, idx: int, total: int) -> str:
+        raise NotImplementedError
+
+    def runs_on(self, impl: "Impl", shape) -> bool:
+        return True
+
+    def guard(self, row: dict, inputs, ours: bool) -> bool:
+        """Whether ``row`` cannot run (it then says why): the run aborted, the shape has no inputs, or the time budget
+        of its family (``ours``) is spent. Makes ``row`` the one in flight."""
+        self.current = row
+        if self.fatal:
+            row.update(status="skipped", reason=f"aborted: {self.fatal}")
+        elif inputs is None:
+            status = "oom" if "memory" in (self.inputs_error or "").lower() else "error"
+            row.update(status=status, reason=self.inputs_error, stage="make_inputs")
+        elif self.budget.exceeded(ours=ours):
+            row.update(status="skipped", reason=self.budget.reason(ours=ours))
+        else:
+            return False
+        return True
+
+    def timed(self, row: dict, impl: "Impl", label: str, body: Callable[[Stage], None]) -> None:
+        """``body(stage)`` under the watchdog (``label`` names the row if it hangs): an ImplUnavailable found on the
+        way skips the row (no kernel of a backend for these inputs), any other exception is recorded on it at
+        ``stage.name``; a broken CUDA context then aborts the run."""
+        t0 = time.monotonic()
+        self.watchdog.arm(label)
+        stage = Stage()
+        failed = False
+        try:
+            body(stage)
+        except ImplUnavailable as e:
+            row.update(status="skipped", reason=str(e), stage=stage.name)
+        except Exception as e:  # noqa: BLE001 - every failure is recorded, the run goes on
+            failed = True
+            record_failure(row, impl, e, stage.name)
+        finally:
+            self.watchdog.disarm()
+            row["wall_s"] = round(time.monotonic() - t0, 2)
+        if failed:  # outside the except block: the traceback no longer pins tensors
+            free_cuda()
+            self.fatal = fatal_if_context_broken(row, label)
+
+    def run(self, shapes, impls) -> None:
+        work = [(shape, [k for k in impls if self.runs_on(self.IMPLS[k], shape)]) for shape in shapes]
+        total = sum(len(keys) for _, keys in work)
+        idx = 0
+        for shape, keys in work:
+            if not keys:
+                continue
+            inputs, self.inputs_error = None, None
+            if not self.fatal:
+                try:
+                    inputs = self.make_inputs(shape)
+                except Exception as e:  # noqa: BLE001
+                    self.inputs_error = f"input creation failed: {type(e).__name__}: {e}"[:500]
+                    free_cuda()
+            for key in keys:
+                idx += 1
+                row = self.run_row(self.IMPLS[key], shape, inputs)
+                self.current = None
+                self.writer.add(clean_floats(row))
+                log(self.progress_line(row, idx, total))
+                if row["status"] in ("error", "oom") and row.get("reason"):
+                    log(f"      {row['status']} at {row.get('stage')}: {row['reason'][:300]}")
+            del inputs
+            free_cuda()
 
 
 def run_rows(make_runner, work, writer, args, budget, summary_text, placeholder: dict,

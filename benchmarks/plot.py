@@ -281,7 +281,7 @@ def block_markdown(doc: dict, title=None) -> str:
             desc += ", " + ("causal" if mc.get("causal") else "full mask") + (
                 ", RoPE" if mc.get("rope") else "")
         parts += ["", f"## {m} ({desc}): step ms", "", bc.md_table(hdr, body),
-                  "", f"fwd / bwd (step − fwd) ms:", "", bc.md_table(hdr, brk)]
+                  "", "fwd / bwd (step − fwd) ms:", "", bc.md_table(hdr, brk)]
     parts += ["", "## Checks and failures", ""]
     parts += failure_lines(rows) or ["All rows ran; every deterministic row was bit-identical."]
     diffs = [r for r in rows if r.get("out_max_abs_diff_vs_ref") is not None]

@@ -20,7 +20,8 @@ from typing import NoReturn
 
 from . import __version__, variants
 from .cad import cli as cad_cli
-from .launch import VARLEN_AUTO, bwd_launch
+from .features import kernel_window
+from .launch import bwd_launch, varlen_request
 from .schedule.auto import Prediction, auto_reason, model_choice, predict, predict_pack
 from .schedule.costs import default_costs
 from .schedule.draw import MAX_PNG_PX, draw_gantt
@@ -306,14 +307,15 @@ def _pack(args: argparse.Namespace, parser: argparse.ArgumentParser, c: float, r
     predictions = predict_pack(pack.mask, args.hdim, lens_q, lens_k, heads, grid, c, r,
                                progress=_progress(pack.describe()), window=pack.window)
     # Deterministic varlen auto is one portable order on every sequence (flash_attn_dash.launch.varlen_request).
-    reason = (f"{VARLEN_AUTO}: deterministic varlen auto, the faster portable order (a sequence's bits do not depend "
-              f"on what it is packed with)")
+    pick = varlen_request(True, "auto", args.hdim, kernel_window(args.causal, args.window, max(lens_q), max(lens_k))[1])
+    reason = (f"{pick}: deterministic varlen auto, the measured faster portable order for this head dim and mask (a "
+              f"sequence's bits do not depend on what it is packed with)")
     same_k = lens_k == lens_q
     order = [int(b) for b in pack.order]
     notes = [f"claim order (longest first): sequences {_short(order)}",
              "portable: sequences whose bits equal their dense batch-1 call's whatever the pack"]
     return _Shape(
-        predictions, VARLEN_AUTO, reason, notes,
+        predictions, pick, reason, notes,
         [f"plan: {pack.describe()}, seqlens_q={_short(lens_q)} seqlens_k={'same' if same_k else _short(lens_k)} "
          f"hdim={_hdim_text(args)} heads={heads}, tiles {block_m}x{block_n} (M={_short(pack.num_m)}, "
          f"N={_short(pack.num_n)}), "],

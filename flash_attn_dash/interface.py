@@ -109,7 +109,7 @@ def flash_attn_func(
             (and, for GQA, dK/dV) reductions. None (the default) follows torch's switch,
             ``torch.are_deterministic_algorithms_enabled()``, read at call time; a bool wins.
         schedule: the order of those reductions: "auto", "ascending", "descending", "shift" (full masks),
-            "symmetric_shift" (causal masks), for the mask ``causal`` and ``window_size`` describe (a band accepts
+            "symmetric_shift", "split", "diagonal" (causal masks), for the mask ``causal`` and ``window_size`` describe (a band accepts
             every order). It is validated in both modes (so flipping ``deterministic`` never turns a valid call
             into an error) but only deterministic backwards use it.
         sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.

@@ -165,14 +165,26 @@ bwd_launch.__wrapped__ = lambda *args, **kwargs: _bwd_launch.__wrapped__(*_launc
 
 # Varlen: the sequences of a pack share one persistent grid, so a deterministic varlen backward is reproducible in a
 # useful sense only if each sequence gets the same bits whatever it is packed with (its position, the other
-# sequences, their number, sm_margin, the SM count). ``ascending`` and ``descending`` have that property (rank = n,
-# and each K/V tile walks its Q tiles in an order that does not depend on the grid); ``shift`` and
-# ``symmetric_shift`` derive ranks from the grid's rounds, so they run when asked for but their bits follow the pack.
-PORTABLE_SCHEDULES: tuple[str, ...] = ("ascending", "descending")
-# Deterministic varlen "auto": the faster portable order. On causal masks tile n starts on its last Q tile instead of
-# queueing behind tile n-1 (the model: 1.36x ascending at hdim 128, 8k); on full masks the model puts the two within
-# 1% (schedule/auto.py).
+# sequences, their number, sm_margin, the SM count). ``ascending``, ``descending``, ``split`` and ``diagonal`` have
+# that property (ranks follow a claim order of the head's tiles fixed by N, and each K/V tile walks its Q tiles in an
+# order that does not depend on the grid); ``shift`` and ``symmetric_shift`` derive ranks from the grid's rounds, so
+# they run when asked for but their bits follow the pack.
+PORTABLE_SCHEDULES: tuple[str, ...] = tuple(s.name for s in variants.SCHEDULES if s.portable)
+# The portable orders the varlen kernel runs (hopper/bwd/launch.h, with_varlen_policy: its tile table holds claim
+# positions, which the policy turns into K/V tiles); split and diagonal on causal packs without a sliding window only
+# (UP_WALKS). A pack asking for another runs one dense backward per sequence.
+VARLEN_KERNEL_ORDERS: tuple[str, ...] = PORTABLE_SCHEDULES
+UP_WALKS: tuple[str, ...] = ("split", "diagonal")
+# Deterministic varlen "auto": a portable order chosen by what may change bits anyway (head dim, mask, window), never
+# by the pack. Descending: tile n starts on its last Q tile instead of queueing behind tile n-1 (the model: 1.36x
+# ascending at hdim 128, 8k); on full masks the model puts the two within 1% (schedule/auto.py).
 VARLEN_AUTO = "descending"
+# Diagonal instead on causal packs without a window at these head dims: descending queues a head's tiles one store
+# apart on its last Q tile, which short documents pay for (research/overlap_model.py); measured on an H100
+# (benchmarks/results/2026-12-07-session24-gpu.txt, call 4): hdim 64 +10.0% / +5.9% on Pareto packs of 16k / 64k
+# tokens, +2.3% / +8.8% on uniform causal 2k / 8k ones; hdim 128 +2.8% / +0.4% on Pareto, -3.8% / -1.9% uniform
+# (diagonal claims a head's longest tile last), so hdim 128 keeps descending.
+VARLEN_AUTO_DIAGONAL_HDIMS: tuple[int, ...] = (64,)
 
 
 # The orders the varlen backward kernel runs (hopper/bwd/launch.h, with_varlen_policy; the dynamic-grid ones of
@@ -207,17 +219,18 @@ def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, tota
                          num_sms: int, heads_k: int | None = None, window: tuple[int, int] = NO_WINDOW,
                          causal: bool = False, *, head_dim_v: int | None = None) -> VarlenKernelLaunch | None:
     """The varlen backward kernel's launch for this pack, from shapes alone (no offsets are read): the order
-    :func:`varlen_request` asks each sequence for when it is portable, else None (the request runs one dense
+    :func:`varlen_request` asks each sequence for when the kernel runs it, else None (the request runs one dense
     backward per sequence); the grid is at most ``num_sms`` CTAs and at most the pack's tile count's upper bound.
     ``window``: the kernels' for the pack (:func:`.features.kernel_mask` at the maximum lengths), ``causal``: the
     call's. GQA packs on a window the dense backward folds (:func:`gqa_fold`) fold the sequences whose dense calls
     fold (:func:`varlen_fold_lengths`; a sequence's own window only unbounds sides, so where the pack's does not
     fold, no sequence's does): each sequence sums its siblings' dK/dV as its dense call does."""
-    order = varlen_request(deterministic, schedule) if deterministic else VARLEN_KERNEL_NONDETERMINISTIC_WALK
-    if order not in PORTABLE_SCHEDULES:
+    window = tuple(window)
+    order = (varlen_request(deterministic, schedule, head_dim, window) if deterministic
+             else VARLEN_KERNEL_NONDETERMINISTIC_WALK)
+    if order not in VARLEN_KERNEL_ORDERS or (order in UP_WALKS and window != CAUSAL_WINDOW):
         return None
     block_m, block_n = variants.bwd_tile(head_dim, head_dim_v)
-    window = tuple(window)
     fold = window not in (NO_WINDOW, CAUSAL_WINDOW) and gqa_fold(
         heads, heads if heads_k is None else heads_k, band_steps(window, block_m, block_n))
     grid = max(1, min(num_sms, heads * (total_k // block_n + batch)))
@@ -226,17 +239,23 @@ def varlen_kernel_launch(deterministic: bool, schedule: str, head_dim: int, tota
     return VarlenKernelLaunch(order, grid, True, *varlen_fold_lengths(causal, window))
 
 
-def varlen_request(deterministic: bool, schedule: str) -> str:
+def varlen_request(deterministic: bool, schedule: str, head_dim: int, window: tuple[int, int]) -> str:
     """The schedule a varlen backward asks :func:`bwd_launch` for on every sequence: deterministic ``"auto"`` is
+    ``"diagonal"`` where the kernels' window for the pack (``window``: :func:`.features.kernel_window` at the pack's
+    maximum lengths) is the causal mask, at the head dims of :data:`VARLEN_AUTO_DIAGONAL_HDIMS`, else
     :data:`VARLEN_AUTO`; anything else as given (non-deterministic backwards walk their own order anyway)."""
-    return VARLEN_AUTO if deterministic and schedule == "auto" else schedule
+    if not (deterministic and schedule == "auto"):
+        return schedule
+    if tuple(window) == CAUSAL_WINDOW and head_dim in VARLEN_AUTO_DIAGONAL_HDIMS:
+        return "diagonal"
+    return VARLEN_AUTO
 
 
 def sequence_launch(causal: bool, head_dim: int, seqlen_q: int, seqlen_k: int, heads: int, num_sms: int,
-                    deterministic: bool, schedule: str, window: tuple[int, int] = NO_WINDOW,
+                    deterministic: bool, request: str, window: tuple[int, int] = NO_WINDOW,
                     heads_k: int | None = None, *, head_dim_v: int | None = None) -> BwdLaunch:
     """The launch of one varlen sequence's backward (used lengths ``seqlen_q``/``seqlen_k``; ``causal``, ``window``:
-    the kernels' for that sequence) as a batch-1 dense call: what the per-sequence CUDA path runs, and the order the
-    varlen kernels must give it."""
-    return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic,
-                      varlen_request(deterministic, schedule), window, heads_k, head_dim_v=head_dim_v)
+    the kernels' for that sequence; ``request``: the pack's, :func:`varlen_request`) as a batch-1 dense call: what the
+    per-sequence CUDA path runs, and the order the varlen kernels must give it."""
+    return bwd_launch(causal, head_dim, seqlen_q, seqlen_k, 1, heads, num_sms, deterministic, request, window,
+                      heads_k, head_dim_v=head_dim_v)

@@ -149,6 +149,8 @@ class Schedule:
     ``policy`` is the C++ policy type in ``hopper/schedule/policies.hpp`` (it may use the kernel's ``Traits``) and
     ``requires`` a compile-time condition on ``Traits`` for it to be instantiated. ``fallback`` is the order that runs
     when a call's shape breaks this order's assumptions (the model's ``orders.fallback_reason`` says when).
+    ``portable``: a sequence's ranks and walks are functions of its own (n, m, N, M, mask), so its bits do not depend
+    on its batch position, its neighbours, the grid or the SM count (``docs/portable-orders.md``).
     """
 
     name: str
@@ -158,14 +160,17 @@ class Schedule:
     grid: str  # "dynamic" (claimed tiles), "static" (tile t on CTA t mod G) or "pair" (tiles n and N-1-n together)
     requires: str = "true"
     fallback: str | None = None
+    portable: bool = False
 
 
 SCHEDULES: tuple[Schedule, ...] = (
-    Schedule("ascending", 0, MASKS, "Ascending", grid="dynamic"),
-    Schedule("descending", 1, MASKS, "Descending", grid="dynamic"),
+    Schedule("ascending", 0, MASKS, "Ascending", grid="dynamic", portable=True),
+    Schedule("descending", 1, MASKS, "Descending", grid="dynamic", portable=True),
     Schedule("shift", 2, ("full",), "Shift", grid="static"),
     Schedule("symmetric_shift", 3, ("causal",), "SymmetricShift<Traits::kBlockN / Traits::kBlockM>", grid="pair",
              requires="Traits::kBlockN % Traits::kBlockM == 0", fallback="descending"),
+    Schedule("split", 4, ("causal",), "Split", grid="dynamic", fallback="descending", portable=True),
+    Schedule("diagonal", 5, ("causal",), "Diagonal", grid="dynamic", fallback="descending", portable=True),
 )
 
 # The walk of a non-deterministic backward, per mask: the first order whose assumptions hold for the call. Its dQ adds

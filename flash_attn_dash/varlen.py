@@ -12,7 +12,7 @@ import torch
 from . import _ext, checks, features, varlen_cuda, varlen_ops  # noqa: F401  (varlen_ops defines the custom ops this module calls)
 from . import interface  # noqa: F401  (loads the extension and the dense ops)
 from .varlen_checks import check_varlen_args, check_varlen_features
-from .launch import sequence_launch, varlen_kernel_launch
+from .launch import sequence_launch, varlen_kernel_launch, varlen_request
 from .varlen_layout import read_layout
 
 _ext.warn_if_gpu_without_kernels()
@@ -105,12 +105,14 @@ def flash_attn_varlen_func(
             pack: of the other sequences, their number, its position, ``sm_margin`` and the SM count (with a
             portable order, below). None (the default) follows ``torch.are_deterministic_algorithms_enabled()``.
         schedule: the order of the backward's reductions, as for :func:`flash_attn_dash.flash_attn_func`: "auto",
-            "ascending", "descending", "shift" (full masks), "symmetric_shift" (causal masks), validated in both
-            modes, used by deterministic backwards only. Deterministic "auto" means "descending" here: of the orders
-            whose bits do not depend on the grid ("ascending", "descending"), the faster. "shift" and
-            "symmetric_shift" run when asked for but are not portable: once the varlen kernels share one grid
-            among the sequences, a sequence's bits will depend on what it is packed with. Per sequence, the order
-            that runs: :func:`varlen_schedule_used`.
+            "ascending", "descending", "shift" (full masks), "symmetric_shift", "split", "diagonal" (causal masks),
+            validated in both modes, used by deterministic backwards only. Deterministic "auto" picks among the
+            orders whose bits do not depend on the grid ("ascending", "descending", "split", "diagonal") by what
+            may change bits anyway (head dim, mask, window), never by the pack: "diagonal" on causal masks without
+            a window at hdim 64, "descending" elsewhere (:func:`.launch.varlen_request`). "shift" and
+            "symmetric_shift" run when asked for but are not portable: their ranks follow the grid's rounds, so a
+            sequence's bits depend on what it is packed with. Per sequence, the order that runs:
+            :func:`varlen_schedule_used`.
         sm_margin: SMs to leave free for concurrent work; the backward's persistent grid uses the rest.
         return_lse: also return the log-sum-exp (heads, total_q), fp32, natural log, the sink included (not
             differentiable).
@@ -162,7 +164,8 @@ def varlen_schedule_used(
     including the values of ``cu_seqlens_*``/``seqused_*`` (on CUDA tensors: one device-to-host copy). As
     :func:`flash_attn_dash.backward_schedule_used`, the answer is the GPU kernels' on any device (on CPU tensors:
     an H200's 132 SMs), and it raises what a GPU build would raise (a head dim without kernels, an ``sm_margin``
-    that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": "descending"), or its
+    that leaves no SM). Deterministic backwards run ``schedule`` on every sequence ("auto": :func:`.launch.varlen_request`'s
+    order, "diagonal" on causal calls without a window at hdim 64, else "descending"), or its
     fallback where a sequence's shape breaks its assumptions (symmetric_shift needs equal used query and key lengths
     and an even K/V tile count); non-deterministic ones walk the fastest balanced order for each sequence's shape.
     Where the varlen backward kernel runs (:data:`.varlen_cuda.BWD_KERNEL_VALIDATED`, a portable request), every
@@ -186,6 +189,7 @@ def varlen_schedule_used(
     kernel = varlen_cuda.BWD_KERNEL_VALIDATED and varlen_kernel_launch(
         deterministic, schedule, shape.head_dim, shape.total_k, shape.batch, shape.heads, num_sms, shape.heads_k,
         kernel_window, causal)
+    request = varlen_request(deterministic, schedule, shape.head_dim, kernel_window)
     used: list[str | None] = []
     for s in seqs:
         if not s.has_work:
@@ -196,5 +200,5 @@ def varlen_schedule_used(
             continue
         seq_causal, seq_window = features.kernel_window(causal, window, s.q_len, s.k_len)
         used.append(sequence_launch(seq_causal, shape.head_dim, s.q_len, s.k_len, shape.heads, num_sms,
-                                    deterministic, schedule, seq_window).schedule)
+                                    deterministic, request, seq_window).schedule)
     return used

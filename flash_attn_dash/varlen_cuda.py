@@ -143,7 +143,9 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
                                       schedule, sm_margin, window_size=window_size, softcap=softcap,
-                                      learnable_sink=learnable_sink, dsink=dsink)
+                                      learnable_sink=learnable_sink, dsink=dsink,
+                                      pack_window=features.kernel_window(causal, window_size, max_seqlen_q,
+                                                                         max_seqlen_k)[1])
 
 
 def kernel_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,

@@ -71,7 +71,9 @@ def varlen_backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v
                        k.shape[0])
     varlen_per_sequence.backward_into(dout, q, k, v, out, lse, dq, dk, dv, seqs, softmax_scale, causal, deterministic,
                                       schedule, sm_margin, window_size=window_size, softcap=softcap,
-                                      learnable_sink=learnable_sink, dsink=dsink)
+                                      learnable_sink=learnable_sink, dsink=dsink,
+                                      pack_window=features.kernel_window(causal, window_size, max_seqlen_q,
+                                                                         max_seqlen_k)[1])
 
 
 @torch.library.custom_op("flash_attn_dash::varlen_bwd", mutates_args=())

@@ -43,14 +43,16 @@ def backward_into(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch
                   lse: torch.Tensor, dq: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor, seqs: list[PackedSequence],
                   softmax_scale: float, causal: bool, deterministic: bool, schedule: str, sm_margin: int, *,
                   window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                  learnable_sink: torch.Tensor | None = None, dsink: torch.Tensor | None = None) -> None:
+                  learnable_sink: torch.Tensor | None = None, dsink: torch.Tensor | None = None,
+                  pack_window: tuple[int, int] = (-1, -1)) -> None:
     """Write each sequence's gradients into its rows of ``dq``/``dk``/``dv`` (shaped like q, k, v; they may be views
     of one packed buffer and hold anything: they are zero-filled first, as sequences without work write no rows);
-    each sequence's backward asks for :func:`.varlen_request`'s order. With a sink, each sequence's sink gradient is
+    each sequence's backward asks for :func:`.varlen_request`'s order (``pack_window``: the kernels' window at the
+    pack's maximum lengths, :func:`.features.kernel_window`). With a sink, each sequence's sink gradient is
     added into the zero-filled ``dsink`` (if given), in pack order."""
     for grad in (dq, dk, dv):
         grad.zero_()
-    request = varlen_request(deterministic, schedule)
+    request = varlen_request(deterministic, schedule, q.shape[-1], pack_window)
     accumulate_sink = learnable_sink is not None and dsink is not None
     for s in seqs:
         if s.has_work:

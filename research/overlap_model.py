@@ -1,7 +1,7 @@
 """The schedule model with the kernel's dQ-store warps: which deterministic order a head dim's store latency favours.
 
     python research/overlap_model.py [--hdim 64,128] [--seqlen 2k,8k] [--pareto 16k] [--ratio 0.5,0.7,0.9]
-                                     [--mask causal] [--warps 2] [--diagonal]
+                                     [--mask causal] [--warps 2]
 
 The product model (flash_attn_dash.schedule.simulate, the DASH paper's) runs each step's reduce on the CTA after its
 compute. The kernel hands each step's dQ to a store warp through one shared-memory buffer instead, so the MMA
@@ -19,10 +19,7 @@ causal mask) lose once ``r`` nears ``c``. ``r / c`` is the store's share of a st
 
 On the dynamic grid the tiles are claimed again, in the plan's claim order, by the CTA whose MMA finishes its tile
 first (the kernel claims after a tile's last MMA), so a CTA held up by a rank wait claims later; static and pair grids
-keep the plan's CTAs. ``--diagonal`` adds an order main does not have yet (the schedule ``diagonal`` of branch
-``diagonal``; measured as `git show a03d385:research/patches/varlen-det-diagonal.patch`): each K/V tile walks up from
-its first Q tile, a head's tiles are claimed in descending n, and a dQ tile takes its last key tile's contribution
-first, so a rank predecessor ran one step earlier on a CTA claimed earlier.
+keep the plan's CTAs.
 
 Prints, per order, the deterministic makespan over the non-deterministic descending one (the walk non-det packs run)
 for the DASH grid (16k tokens, hidden 2048) and for Pareto packs (``--pareto``: benchmarks/bench_varlen.py's packs,
@@ -40,8 +37,6 @@ if __package__ in (None, ""):  # run as a script: make the repo root importable
 import numpy as np  # noqa: E402
 
 from flash_attn_dash import variants  # noqa: E402
-from flash_attn_dash.schedule import orders as _orders  # noqa: E402
-from flash_attn_dash.schedule import pack_orders as _pack_orders  # noqa: E402
 from flash_attn_dash.schedule.orders import SCHEDULES, applicable  # noqa: E402
 from flash_attn_dash.schedule.pack_plan import build_pack_plan  # noqa: E402
 from flash_attn_dash.schedule.plan import Plan, build_plan  # noqa: E402
@@ -132,20 +127,6 @@ def store_warps_makespan(plan: Plan, c: float, r: float, deterministic: bool = T
     return end
 
 
-def diagonal_plan(mask: str, seqlens, block_m: int, block_n: int, heads: int, num_sms: int,
-                  batch: int = 1) -> Plan:
-    """The plan of the --diagonal order: the product's ascending walk with its claims (and so its ranks) in descending
-    n, as the model already runs ``shift`` on a band that walks up (orders.dynamic_walk)."""
-    def walk(schedule, grid):
-        return (True, True) if schedule == "ascending" else plain(schedule, grid)
-    plain = _orders.dynamic_walk
-    _orders.dynamic_walk = _pack_orders.dynamic_walk = walk
-    try:
-        return plan_of(mask, seqlens, block_m, block_n, heads, num_sms, "ascending", batch)
-    finally:
-        _orders.dynamic_walk = _pack_orders.dynamic_walk = plain
-
-
 def plan_of(mask: str, seqlens, block_m: int, block_n: int, heads: int, num_sms: int, schedule: str,
             batch: int) -> Plan:
     """The product plan of ``schedule``: a dense call (``seqlens`` an int, ``batch`` sequences) or a pack."""
@@ -162,7 +143,6 @@ def main(argv=None) -> int:
     ap.add_argument("--mask", default="causal", help="full, causal or both (default causal)")
     ap.add_argument("--ratio", default="0.5,0.7,0.9", help="store / compute per step, comma list")
     ap.add_argument("--warps", type=int, default=2, choices=(1, 2), help="dQ-store warps (default 2)")
-    ap.add_argument("--diagonal", action="store_true", help="also the --diagonal order (module docstring)")
     ap.add_argument("--sms", type=int, default=132)
     args = ap.parse_args(argv)
     from benchmarks import common
@@ -182,13 +162,11 @@ def main(argv=None) -> int:
                 batch = max(1, common.TOKENS_PER_BATCH // seqlens) if isinstance(seqlens, int) else 1
                 names = [s for s in SCHEDULES if applicable(s, mask) and (isinstance(seqlens, int) or s != "shift")]
                 plans = {s: plan_of(mask, seqlens, bm, bn, heads, args.sms, s, batch) for s in names}
-                if args.diagonal:
-                    plans["diagonal"] = diagonal_plan(mask, seqlens, bm, bn, heads, args.sms, batch)
                 for ratio in (float(x) for x in args.ratio.split(",")):
                     ref = store_warps_makespan(plans["descending"], 1.0, ratio, False, args.warps)
                     cells = []
                     for name, plan in plans.items():
-                        fb = "(fb)" if name != "diagonal" and plan.schedule_used != name else ""
+                        fb = "(fb)" if plan.schedule_used != name else ""
                         det = store_warps_makespan(plan, 1.0, ratio, True, args.warps)
                         cells.append(f"{name}{fb} {det / ref:.3f}")
                     print(f"{hdim:>4} {mask:>6} {label:>11} {ratio:>4.2f}  " + "  ".join(cells), flush=True)

@@ -66,7 +66,8 @@ def varlen() -> None:
             k, v = (t.repeat(1, 2, 1) for t in (k_gqa, v_gqa)) if mha else (k_gqa, v_gqa)
             out, lse = varlen_cuda.kernel_forward(q, k, v, cu_q, cu_k, max_q, max_k, None, None, d ** -0.5, causal, 0,
                                                   window, 0.0, sink)
-            for det, sched in ((False, "auto"), (True, "ascending"), (True, "descending")):
+            up_walks = ((True, "split"), (True, "diagonal")) if causal and window == (-1, -1) else ()
+            for det, sched in ((False, "auto"), (True, "ascending"), (True, "descending"), *up_walks):
                 grads = [torch.zeros_like(t) for t in (q, k, v)]
                 dsink = None if sink is None else torch.zeros(2, device="cuda")
                 ran = varlen_cuda.kernel_backward_into(do, q, k, v, out, lse, *grads, cu_q, cu_k, max_q, max_k, None,

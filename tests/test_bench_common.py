@@ -99,7 +99,7 @@ def test_select_impls():
     assert bc.select_impls(None, default) == default
     assert bc.select_impls(["dash-det*"], default) == [
         "dash-det", "dash-det-ascending", "dash-det-descending", "dash-det-shift",
-        "dash-det-symshift"]
+        "dash-det-symshift", "dash-det-split", "dash-det-diagonal"]
     assert bc.select_impls(["sdpa"], default) == ["sdpa"]  # exact key beats the group
     assert bc.select_impls(["fa4-all,sdpa-all"], default) == ["sdpa-cudnn", "sdpa-flash",
                                                               "sdpa-efficient", "fa4", "fa4-det"]

@@ -79,7 +79,7 @@ def plan(*argv):
 
 def test_default_plan():
     shapes, impls = plan()
-    assert impls == [k for k in bv.IMPLS if not k.startswith("dash-varlen-kernels")]
+    assert impls == [k for k in bv.IMPLS if not k.startswith("dash-varlen-kernels") and k not in bv.ORDER_ROWS]
     pareto = [sh for sh in shapes if sh["pack"].kind == "pareto"]
     uniform = [sh for sh in shapes if sh["pack"].kind == "uniform"]
     assert len(pareto) == 2 * 2 * 2 and {sh["mask"] for sh in pareto} == {"causal"}
@@ -88,7 +88,10 @@ def test_default_plan():
     assert {(sh["hdim"], sh["heads"], sh["heads_k"]) for sh in shapes} == {(64, 32, 32), (128, 16, 16)}
     assert all(sh["causal"] == (sh["mask"] == "causal") for sh in shapes)
     # ours dense runs on uniform packs only: 5 implementations on pareto packs, 8 on uniform ones
-    assert sum(bv.IMPLS[k].runs_on(sh["pack"]) for sh in shapes for k in impls) == 8 * 5 + 24 * 8
+    assert sum(bv.IMPLS[k].runs_on(sh) for sh in shapes for k in impls) == 8 * 5 + 24 * 8
+    # the named-order rows: diagonal on causal masks only (the 8 pareto shapes and 12 causal uniform ones)
+    orders = plan("--impl", "ours-varlen-orders")[1]
+    assert sum(bv.IMPLS[k].runs_on(sh) for sh in shapes for k in orders) == 2 * 32 + 20
 
 
 def test_quick_plan_and_options():
@@ -109,8 +112,12 @@ def test_impl_selection():
     assert plan("--impl", "fa4*,cudnn-varlen")[1] == ["fa4-varlen", "fa4-varlen-det", "cudnn-varlen"]
     assert plan("--impl", "dash-varlen-det", "--impl", "ours-dense")[1] == [
         "dash-varlen-det", "dash-dense", "dash-dense-det", "dash-dense-det-descending"]
-    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == ["dash-varlen-det", "dash-varlen-kernels-det",
-                                                                      "dash-dense-det-descending"]
+    assert [k for k in bv.IMPLS if bv.IMPLS[k].bitwise_as_dense] == [
+        "dash-varlen-det", "dash-varlen-det-descending", "dash-varlen-det-diagonal", "dash-varlen-kernels-det",
+        "dash-dense-det-descending"]
+    assert plan("--impl", "ours-varlen-orders")[1] == ["dash-varlen-det", "dash-varlen-det-descending",
+                                                       "dash-varlen-det-diagonal"]
+    assert not set(bv.ORDER_ROWS) & set(plan()[1])  # not in the default rows
     assert [k for k in bv.IMPLS if bv.IMPLS[k].varlen_kernels] == ["dash-varlen-kernels", "dash-varlen-kernels-det"]
     assert plan("--impl", "ours-varlen")[1] == ["dash-varlen", "dash-varlen-det", "dash-varlen-kernels",
                                                 "dash-varlen-kernels-det"]
@@ -182,13 +189,16 @@ def test_summary_ratios():
             synthetic_row("dash-varlen-det", u, 480.0, 600.0),
             synthetic_row("dash-dense-det-descending", u, 400.0, 600.0, check_ok=False),
             synthetic_row("dash-varlen-det", p, 450.0, 500.0), synthetic_row("fa4-varlen-det", p, 500.0, 400.0),
-            dict(synthetic_row("fa4-varlen", p, 0, 0), status="skipped", reason="FA4 missing", fwd=None, bwd=None)]
+            dict(synthetic_row("fa4-varlen", p, 0, 0), status="skipped", reason="FA4 missing", fwd=None, bwd=None),
+            synthetic_row("dash-varlen-det-diagonal", p, 460.0, 500.0),
+            synthetic_row("dash-varlen-det-descending", p, 400.0, 500.0)]
     text = bv.summary_text(rows)
     lines = {line.split("  ")[0]: line for line in text.splitlines()}
     assert lines["varlen / dense non-det (>= 0.97)"].split()[-3:] == ["0.990", "/", "1.000"]
     assert lines["varlen det / dense det descending (>= 0.97)"].split()[-1] == "-"  # a failed check is no baseline
     assert lines["det / FA4 det (>= 1)"].split()[-3:] == ["0.900", "/", "1.250"]
     assert lines["det / FA4 non-det (>= 0.97)"].split()[-1] == "-"
+    assert lines["det diagonal / det descending"].split()[-3:] == ["1.150", "/", "1.000"]
     assert "480* / 600" in text and "400*! / 600" in text
     assert "fa4-varlen" in text and "FA4 missing" in text and "pareto/16k s0/hdim128/causal" in text
     assert "WARNING: correctness check failed: dash-dense-det-descending/uniform/8k/hdim128/causal" in text
@@ -207,6 +217,17 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             return bv.nested_sdpa_fn(pack, causal, cu, "MATH")
         return make_fn(impl, pack, causal, cu, *features)
     monkeypatch.setattr(bv, "make_fn", nested_on_math)
+    fad = bc.dash_module()
+    dense_orders = []  # the schedule of every dense call (the rows' and the checks' per-document ones)
+
+    class DenseOrders:
+        def __getattr__(self, name):
+            return getattr(fad, name)
+
+        def flash_attn_func(self, *args, **kw):
+            dense_orders.append(kw.get("schedule"))
+            return fad.flash_attn_func(*args, **kw)
+    monkeypatch.setattr(bc, "dash_module", DenseOrders)
     out = tmp_path / "varlen.json"
     code = bv.main(["--pack-tokens", "256", "--seeds", "0", "--tokens", "256", "--seqlen", "128", "--mask", "causal",
                     "--hidden", "128", "--hdim", "64", "--heads-k", "1", "--check-tokens", "256", "--iters", "1",
@@ -240,8 +261,17 @@ def test_cpu_self_test_rows(tmp_path, monkeypatch):
             assert r["status"] == "skipped" and r["fwd"] is None and "flash_attn.cute" in r["reason"]
         else:
             assert r["status"] == "skipped" and r["stage"] == "first_call" and "No viable backend" in r["reason"]
-    assert rows[("dash-varlen-det", "pareto")]["schedule_used"] == {"descending": len(bv.pareto_pack(256, 0).lengths)}
+    # hdim 64, causal: deterministic varlen auto runs diagonal (launch.varlen_request), and the bitwise check compares
+    # each document with its dense call in that order (the contract), not in descending
+    assert rows[("dash-varlen-det", "pareto")]["schedule_used"] == {"diagonal": len(bv.pareto_pack(256, 0).lengths)}
+    for kind in ("pareto", "uniform"):
+        small = rows[("dash-varlen-det", kind)]["check"]["small"]
+        assert small["dense_schedules"] == {"diagonal": len(small["lengths"])}
     assert rows[("dash-dense-det-descending", "uniform")]["schedule_used"] == "descending"
+    small = rows[("dash-dense-det-descending", "uniform")]["check"]["small"]
+    assert small["dense_schedules"] == {"descending": len(small["lengths"])}
+    assert dense_orders.count("diagonal") == sum(len(rows[("dash-varlen-det", kind)]["check"]["small"]["lengths"])
+                                                 for kind in ("pareto", "uniform"))
 
 
 @pytest.mark.parametrize("lengths", [[1], [2, 1, 5], [17, 3, 64, 1, 9], [300, 7]])

@@ -30,3 +30,25 @@ def test_cpu_self_test(monkeypatch, tmp_path):
         assert r["status"] == "ok" and r["check"]["ok"] and r["bitwise_repeat"], r
         assert r["window"] == [127, 0] and r["bwd"]["tflops"] > 0
     assert rows[2]["status"] == "skipped" or not torch.cuda.is_available()
+
+
+def test_order_rows_run_their_schedule(monkeypatch, tmp_path):
+    """dash-det-<order> rows call flash_attn_func deterministic in that order (diagonal on gpt-oss's causal band);
+    they are not default rows, and an unknown order is refused by name."""
+    monkeypatch.setenv("FAD_BENCH_CPU", "1")
+    fad = bench_window.bc.import_flash_attn_dash()
+    attention, calls = fad.flash_attn_func, []
+
+    def spy(*args, **kw):
+        calls.append((kw["deterministic"], kw["schedule"]))
+        return attention(*args, **kw)
+    monkeypatch.setattr(fad, "flash_attn_func", spy)
+    out = tmp_path / "w.json"
+    assert bench_window.main(["--case", "gpt-oss", "--seqlen", "256", "--impl", "dash-det-diagonal,dash-det-descending",
+                              "--iters", "20", "--warmup", "1", "--sets", "1", "--repeats", "2", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["impl"], r["status"]) for r in rows] == [("dash-det-diagonal", "ok"), ("dash-det-descending", "ok")]
+    assert {(True, "diagonal"), (True, "descending")} == set(calls)
+    assert not set(bench_window.ORDER_IMPLS) & set(bench_window.IMPLS)
+    with pytest.raises(SystemExit, match="unknown impl 'dash-det-sideways'"):
+        bench_window.main(["--impl", "dash-det-sideways"])

@@ -125,11 +125,11 @@ def test_bwd_big(sq, sk, schedule, deterministic, causal, d):
 
 @pytest.mark.parametrize("d", HDIMS)
 @pytest.mark.parametrize("deterministic", [False, True])
-@pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False)])
+@pytest.mark.parametrize("schedule,causal", [("shift", True), ("symmetric_shift", False), ("diagonal", False)])
 def test_bwd_schedule_mask_mismatch_raises(schedule, causal, deterministic, d):
-    """shift needs the full mask, symmetric_shift the causal one: the Python decider refuses them by name, and the
-    launcher refuses the same policy id if it reaches it directly (std::invalid_argument -> ValueError), before
-    launching anything; the outputs stay untouched."""
+    """shift needs the full mask, symmetric_shift and diagonal the causal one: the Python decider refuses them by
+    name, and the launcher refuses the same policy id if it reaches it directly (std::invalid_argument ->
+    ValueError), before launching anything; the outputs stay untouched."""
     import flash_attn_dash.ops  # noqa: F401  (defines the op schemas)
 
     q, k, v, dout, out, lse = _inputs(1, 256, 256, 2, 2, d, torch.bfloat16, causal)
@@ -193,7 +193,7 @@ def test_bwd_all_schedules_agree(sq, sk, b, h, hk, margin, causal, d):
         _wait()
         assert_tolerance_rule(q, k, v, dout, out, grads, causal)
         results[name] = grads
-    assert len(results) == 3
+    assert tuple(results) == variants.schedules_for("causal" if causal else "full")
     base = results["ascending"]
     for name, grads in results.items():
         for label, x, y, tol in zip(("dq", "dk", "dv"), grads, base, budget):

@@ -35,7 +35,7 @@ def test_json(capsys):
     assert data["grid"] == 114 and data["batch"] == 16 and data["heads"] == 16 and data["unit"] == "cost units"
     assert (data["block_m"], data["block_n"], data["num_m"], data["num_n"]) == (64, 128, 16, 8)
     names = [s["schedule"] for s in data["schedules"]]
-    assert names == ["ascending", "descending", "symmetric_shift"]
+    assert names == ["ascending", "descending", "symmetric_shift", "split", "diagonal"]
     assert sum(s["auto"] for s in data["schedules"]) == 1
     picked = next(s for s in data["schedules"] if s["auto"])
     assert picked["schedule"] == data["auto"]["schedule"]

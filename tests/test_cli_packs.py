@@ -22,7 +22,7 @@ def test_pack_table(capsys):
     assert rows["ascending"][5:] == ["1.000x", "all"]
     assert rows["descending"][-3:] == ["all", "<-", "auto"] and rows["symmetric_shift"][-1] == "none"
     assert out.count("<- auto") == 1
-    assert "auto -> descending: deterministic varlen auto, the faster portable order" in out
+    assert "auto -> descending: deterministic varlen auto, the measured faster portable order for this head dim" in out
     assert "claim order (longest first): sequences 0,1,2,3" in out
     assert "symmetric_shift over a pair grid of 132 CTAs (s=2) shared by the pack" in out
 

@@ -28,7 +28,8 @@ def test_band_json(capsys):
                  "--json", "--c", "3", "--r", "1"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["window"] == [512, 64] and data["banded"] and data["mask"] == "full"
-    assert [s["schedule"] for s in data["schedules"]] == ["ascending", "descending", "shift", "symmetric_shift"]
+    assert [s["schedule"] for s in data["schedules"]] == ["ascending", "descending", "shift", "symmetric_shift",
+                                                          "split", "diagonal"]
     assert data["auto"]["schedule"] == "descending" and data["non_deterministic_walk"] == "descending"
     sym = next(s for s in data["schedules"] if s["schedule"] == "symmetric_shift")
     assert sym["schedule_used"] == "descending" and "seqlen_q == seqlen_k" in sym["fallback"]

@@ -6,7 +6,7 @@ import pytest
 
 from flash_attn_dash.schedule.plan import build_plan
 from flash_attn_dash.schedule.simulate import simulate
-from research.overlap_model import diagonal_plan, plan_of, slack_predecessor, store_warps_makespan
+from research.overlap_model import plan_of, slack_predecessor, store_warps_makespan
 
 
 @pytest.mark.parametrize("c, r", [(3, 1), (1, 3), (2, 2)])
@@ -55,10 +55,10 @@ def test_lock_step_orders_lose_only_when_the_store_nears_the_step():
 
 
 def test_diagonal_ranks_follow_arrival():
-    """The --diagonal order on one causal head: a dQ tile's contributions come in descending n and each tile walks up
+    """The diagonal order on one causal head: a dQ tile's contributions come in descending n and each tile walks up
     from its first Q tile, so with the tiles started together no store waits (each rank predecessor ran a step
     earlier on another CTA)."""
-    plan = diagonal_plan("causal", 512, 128, 128, 1, 4)
+    plan = build_plan("causal", 512, 512, 128, 128, 1, 1, 4, "diagonal")
     assert [plan.dq_order(0, 0, m) for m in range(4)] == [[0], [1, 0], [2, 1, 0], [3, 2, 1, 0]]
     assert sorted([m for (_, _, _, m) in tasks] for tasks in plan.cta_tasks) == [[0, 1, 2, 3], [1, 2, 3], [2, 3], [3]]
     assert store_warps_makespan(plan, 1.0, 0.9) == pytest.approx(4 * 1.0 + 0.9)
@@ -70,7 +70,7 @@ def test_diagonal_removes_the_queue_of_short_sequences():
     step; the diagonal order runs at the non-deterministic pace."""
     seqlens = [512] * 32
     desc = plan_of("causal", seqlens, 128, 128, 1, 16, "descending", 1)
-    diag = diagonal_plan("causal", seqlens, 128, 128, 1, 16)
+    diag = plan_of("causal", seqlens, 128, 128, 1, 16, "diagonal", 1)
     assert diag.num_steps == desc.num_steps
     nondet = store_warps_makespan(desc, 1.0, 0.9, deterministic=False)
     assert store_warps_makespan(desc, 1.0, 0.9) > 1.15 * nondet

@@ -35,7 +35,8 @@ def test_fwd_overhead_fit_recovers_launch_tile_and_block_terms():
 
 
 @pytest.mark.parametrize("script", ["fwd_variants.py", "fwd_overhead.py", "ncu_attn.py", "profile_bwd.py",
-                                    "bwd_timeline.py", "sass_diff.py", "ncu_sass.py", "varlen_fwd_balance.py"])
+                                    "bwd_timeline.py", "sass_diff.py", "ncu_sass.py", "varlen_fwd_balance.py",
+                                    "portable_orders.py"])
 def test_cli_help(script):
     r = _run([os.path.join("research", script), "--help"])
     assert r.returncode == 0, r.stderr
@@ -194,3 +195,18 @@ def test_prebuild_reuses_objects_only_of_units_the_patch_cannot_reach(tmp_path):
         res = subprocess.run(["bash", "-c", f'{func}\nreaches "$@"', "-", str(ROOT), unit, *map(str, paths)],
                              cwd=ROOT, capture_output=True, text=True, timeout=60)
         assert res.returncode == rc, (unit, [p.name for p in paths], res.stderr)
+
+
+def test_portable_orders_overlapped_model_on_one_cta():
+    """On one CTA a hand-off of half a step never waits: every step costs one compute (the add overlaps the next),
+    plus the last add and one claim per tile after the first on the dynamic grid; a static grid claims nothing."""
+    from flash_attn_dash.schedule import build_plan
+    from research.portable_orders import overlapped_makespan
+
+    for schedule in ("descending", "split", "symmetric_shift"):
+        plan = build_plan("causal", 1024, 1024, 64, 128, 2, 3, 1, schedule)
+        claims = plan.batch * plan.heads * plan.grid.num_n - 1 if schedule != "symmetric_shift" else 0
+        got = overlapped_makespan(plan, r=0.3, lam=0.5, kappa=0.4, ctail=0.2)
+        assert got == pytest.approx(plan.num_steps + 0.3 + 0.4 * claims), schedule
+        # A hand-off of five steps outlasts a short tile's walk: its next tile waits.
+        assert overlapped_makespan(plan, r=0.3, lam=5.0, kappa=0.4, ctail=0.2) > got + 1, schedule

@@ -5,9 +5,10 @@ The C++ program below walks every CTA of the persistent grid through the same po
 grid size and claim group, which flash_attn_dash.launch decides for the kernels' tiles), and checks it the way the
 launcher does (the policy's ``unsupported``, the generated ``mask_mismatch``).  Its CTA-major step list (cta, b, h, n,
 m, rank) must equal the model's ``build_plan(...)`` arrays element for element, and therefore also ``trace_array()``.
-On the dynamic grid (ascending, descending) the CTA of a tile depends on timing, so both sides list every tile's steps
-in claim order (CTA -1) instead. GQA-folded cases walk the folded grid (``folded_grid``) and every tile's siblings
-through ``SiblingWalk`` (hopper/schedule/sibling_walk.hpp), as the kernel roles do. CPU only: needs g++ (or c++).
+On the dynamic grid (ascending, descending, split) the CTA of a tile depends on timing, so both sides list every
+tile's steps in claim order (CTA -1) instead. GQA-folded cases walk the folded grid (``folded_grid``) and every tile's
+siblings through ``SiblingWalk`` (hopper/schedule/sibling_walk.hpp), as the kernel roles do. CPU only: needs g++ (or
+c++).
 """
 from __future__ import annotations
 
@@ -131,6 +132,8 @@ int main() {
             case Schedule::kAscending: run<Ascending>(s, f); break;
             case Schedule::kDescending: run<Descending>(s, f); break;
             case Schedule::kShift: run<Shift>(s, f); break;
+            case Schedule::kSplit: run<Split>(s, f); break;
+            case Schedule::kDiagonal: run<Diagonal>(s, f); break;
             case Schedule::kSymmetricShift:
                 switch (bn / bm) {
                     case 1: run<SymmetricShift<1>>(s, f); break;
@@ -146,7 +149,7 @@ int main() {
 }
 """
 
-DYNAMIC = ("ascending", "descending")
+DYNAMIC = tuple(s.name for s in variants.SCHEDULES if s.grid == "dynamic")
 GRIDS = (1, 7, 78, 114, 132)
 KERNEL_TILES = tuple(variants.bwd_tile(h.qk) for h in variants.HEAD_DIMS)
 MODEL_TILES = KERNEL_TILES + ((64, 64), (80, 128), (64, 96), (96, 128))
@@ -261,6 +264,15 @@ def _cases_fixed() -> list[tuple]:
         ("causal", 2048, 2048, 64, 96, 1, 3, 78, "symmetric_shift"),  # block_n % block_m
         ("causal", 2048, 2048, 96, 128, 1, 3, 78, "symmetric_shift"),
         ("causal", 2000, 900, 64, 128, 1, 3, 114, "symmetric_shift"),
+        # split: even and odd N, N = 1, seqlen_q != seqlen_k, a partial last tile, one CTA
+        ("causal", 8192, 8192, 64, 128, 2, 16, 132, "split"),
+        ("causal", 8192, 8192, 128, 128, 2, 32, 114, "split"),
+        ("causal", 1920, 1920, 64, 128, 1, 3, 78, "split"),
+        ("causal", 8100, 8100, 128, 128, 1, 3, 7, "split"),
+        ("causal", 2048, 1024, 64, 128, 1, 3, 78, "split"),
+        ("causal", 1000, 3000, 128, 128, 2, 2, 1, "split"),
+        ("causal", 1, 1, 64, 128, 1, 1, 132, "split"),
+        ("causal", 129, 129, 64, 128, 2, 3, 5, "split"),
         # ascending / descending unchanged
         ("causal", 300, 500, 64, 128, 2, 3, 7, "descending"),
         ("causal", 2000, 113, 64, 128, 2, 2, 132, "ascending"),
@@ -298,7 +310,7 @@ def _cases_random(count: int, seed: int) -> list[tuple]:
                 sq = sk = rng.randint(1, 8000)  # partial last tile, odd or even N
             else:
                 sq, sk = rng.randint(1, 6000), rng.randint(1, 6000)
-            cases.append(("causal", sq, sk, bm, bn, batch, heads, grid, "symmetric_shift"))
+            cases.append(("causal", sq, sk, bm, bn, batch, heads, grid, rng.choice(("symmetric_shift", "split"))))
     return cases
 
 
@@ -370,7 +382,7 @@ def test_mirror_gqa_heads_take_sibling_major_slots(mirror_binary, heads_kv):
         for g in (1, 7, 132):
             cases += [("full", 2048, 2048, bm, bn, 2, 8, g, s) for s in ("shift", "ascending", "descending")]
             cases += [("causal", 2048, 2048, bm, bn, 2, 8, g, s)
-                      for s in ("symmetric_shift", "ascending", "descending")]
+                      for s in ("symmetric_shift", "ascending", "descending", "split")]
             cases.append(("causal", 4096, 4096, bm, bn, 1, 8, g, "descending", (127, 0)))
     _check_cases(mirror_binary, cases, heads_kv=heads_kv)
     for case in cases:
@@ -397,18 +409,24 @@ def test_mirror_mask_mismatch_rejected(mirror_binary):
 
 
 def test_policy_preconditions_match_the_models_fallbacks(mirror_binary):
-    """A policy refuses a shape (the launcher's check of the Python decision) exactly when the model falls back."""
+    """A policy refuses a shape (the launcher's check of the Python decision) exactly when the model falls back:
+    symmetric_shift on the causal mask's shapes, split (and symmetric_shift) on windows, banded or not."""
     rng = random.Random(3)
     shapes = [(sq, sq) for sq in (128, 256, 1920, 2048, 4224, 8100)] + \
              [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(40)]
+    windows = ((-1, -1),) + WINDOWS + ((5000, 0), (rng.randint(0, 3000), 0))
     for bm, bn in KERNEL_TILES:
+        cases = [(sq, sk, window, schedule) for sq, sk in shapes for window in windows
+                 for schedule in ("symmetric_shift", "split")]
         lines, expect = [], []
-        for sq, sk in shapes:
-            grid = TileGrid("causal", sq, sk, bm, bn)
-            lines.append(_line("causal", sq, sk, bm, bn, 1, 2, 1, 1, "symmetric_shift"))
-            expect.append(fallback_reason("symmetric_shift", grid))
-        for (sq, sk), why, got in zip(shapes, expect, _run(mirror_binary, lines)):
-            assert isinstance(got, str) == (why is not None), (sq, sk, bm, bn, why, got)
+        for sq, sk, window, schedule in cases:
+            grid = TileGrid("causal" if window == (-1, -1) else "full", sq, sk, bm, bn, window)
+            if grid.mask != "causal":
+                continue  # the full mask's bands run neither (mask_mismatch: test_mirror_mask_mismatch_rejected)
+            lines.append(_line("causal", sq, sk, bm, bn, 1, 2, 1, 1, schedule, window))
+            expect.append(((sq, sk, window, schedule), fallback_reason(schedule, grid)))
+        for (case, why), got in zip(expect, _run(mirror_binary, lines)):
+            assert isinstance(got, str) == (why is not None), (case, bm, bn, why, got)
 
 
 def test_mirror_nondeterministic_walk(mirror_binary):
@@ -467,7 +485,7 @@ def test_gqa_fold_ranks_are_the_kv_grids(group):
     """Each sibling's dQ tiles get exactly the ranks of the plain plan over the K/V heads (ranks do not depend on the
     head), the folded grid has B * Hk * N tiles, and no dK/dV waits are left (Plan.check passes)."""
     for mask, schedule in (("full", "shift"), ("full", "ascending"), ("causal", "symmetric_shift"),
-                           ("causal", "descending")):
+                           ("causal", "descending"), ("causal", "split")):
         for g in (5, 132):
             folded = build_plan(mask, 2048, 2048, 64, 128, 2, 8, g, schedule, heads_kv=8 // group, fold=True)
             kv = build_plan(mask, 2048, 2048, 64, 128, 2, 8 // group, g, schedule)

@@ -1,4 +1,4 @@
-"""Orders of the four schedules: coverage against a brute-force mask, ranks, deadlock freedom, purity and fallbacks."""
+"""Orders of the schedules: coverage against a brute-force mask, ranks, deadlock freedom, purity and fallbacks."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import random
 import numpy as np
 import pytest
 
+from flash_attn_dash import variants
 from flash_attn_dash.schedule import SCHEDULES, ScheduleError, applicable, build_plan, bwd_tile_shape
 from flash_attn_dash.schedule.orders import claim_group
 from flash_attn_dash.schedule.simulate import simulate
@@ -14,7 +15,7 @@ from flash_attn_dash.schedule.tiles import TileGrid
 
 GRIDS = (1, 7, 78, 114, 132)
 TILES = ((128, 128), (64, 128), (80, 128), (64, 96), (96, 128), (64, 64))
-DYNAMIC = ("ascending", "descending")  # tiles claimed at run time (orders.py)
+DYNAMIC = tuple(s.name for s in variants.SCHEDULES if s.grid == "dynamic")  # tiles claimed at run time (orders.py)
 
 
 def brute_visible(mask: str, sq: int, sk: int, bm: int, bn: int) -> set[tuple[int, int]]:
@@ -32,7 +33,8 @@ def brute_visible(mask: str, sq: int, sk: int, bm: int, bn: int) -> set[tuple[in
 def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int, num_sms: int,
            schedule: str) -> tuple[str, list[list[tuple[int, int, int, int, int]]]]:
     """Scalar re-implementation of the orders.py docstring, the way a kernel evaluates it: per CTA (b, h, n, m,
-    rank); on the dynamic grid (ascending, descending), whose CTAs are decided at run time, one list in tile order."""
+    rank); on the dynamic grid (ascending, descending, split, diagonal), whose CTAs are decided at run time, one list in claim
+    order."""
     num_m, num_n = -(-sq // bm), -(-sk // bn)
     causal = mask == "causal"
 
@@ -63,12 +65,19 @@ def mirror(mask: str, sq: int, sk: int, bm: int, bn: int, batch: int, heads: int
                     size = min(group, batch * heads - first)
                     n, within = divmod(t - first * num_n, size)
                     q = first + within
+                half = num_n // 2 if schedule == "split" else 0
+                up_walk = schedule in ("split", "diagonal")
+                if up_walk and n >= half:  # the short half (diagonal: every tile), from the shortest tile
+                    n = num_n - 1 - (n - half)
                 b, h = divmod(q, heads)
                 lo = m_min(n)
                 rows = list(range(lo, num_m))
                 ranks = [n] * len(rows)
-                if schedule == "descending":
-                    rows = rows[::-1]
+                if up_walk:  # ranks in claim order among the tiles touching m (those with m_min <= m)
+                    touching = [sum(1 for k in range(num_n) if m_min(k) <= m) for m in rows]
+                    ranks = [n if n < half else half + end - 1 - n for end in touching]
+                if schedule == "descending" or (up_walk and n < half):
+                    rows, ranks = rows[::-1], ranks[::-1]
                 elif schedule == "shift":
                     running, finished, k = waves(t, num_n, g_count)
                     if running <= num_m:
@@ -239,6 +248,43 @@ def test_ascending_descending_orders():
         assert trace[1, 2, m].tolist() == list(range(k_m[m])) + [-1] * (plan.grid.num_n - k_m[m])
 
 
+def test_split_order():
+    """split: the long half claimed first in ascending n walking down, then n = N-1 down to N/2 walking up; each dQ
+    tile adds in that claim order (N = 8, s = 2: tile n sees the Q tiles 2n .. 15)."""
+    plan = build_plan("causal", 1024, 1024, 64, 128, 1, 1, 132, "split")
+    plan.check()
+    assert plan.schedule_used == "split" and "n < 4 ascending walking down" in plan.description
+    walks = {n: [t[3] for t in plan.cta_tasks[g] if t[2] == n] for g in range(plan.num_ctas) for n in range(8)
+             if any(t[2] == n for t in plan.cta_tasks[g])}
+    assert walks[0] == list(range(15, -1, -1)) and walks[3] == list(range(15, 5, -1))
+    assert walks[4] == list(range(8, 16)) and walks[7] == [14, 15]
+    claimed = [int(n) for n in plan._orders.tile_n[np.argsort(plan._orders.tile_round)]]
+    assert claimed == [0, 1, 2, 3, 7, 6, 5, 4]
+    assert plan.dq_order(0, 0, 15) == [0, 1, 2, 3, 7, 6, 5, 4]
+    assert plan.dq_order(0, 0, 9) == [0, 1, 2, 3, 4]
+    assert plan.dq_order(0, 0, 5) == [0, 1, 2]
+    band = build_plan("causal", 1024, 1024, 64, 128, 1, 1, 132, "split", window=(256, 0))
+    assert band.schedule_used == "descending" and "split needs the causal mask" in band.fallback
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_portable_orders_are_functions_of_the_tile(seed):
+    """variants' portable orders give every head the walks and ranks of that head alone on one CTA, whatever the
+    batch, its position in it and the grid (sm_margin, SM count): what makes a sequence's bits its own."""
+    rng = random.Random(seed)
+    for mask, sq, sk, bm, bn, _, _, _ in random_shapes(4, seed):
+        for schedule in (s.name for s in variants.SCHEDULES if s.portable and mask in s.masks):
+            alone = build_plan(mask, sq, sk, bm, bn, 1, 1, 1, schedule)
+            batch, heads, g = rng.randint(1, 4), rng.randint(1, 5), rng.choice(GRIDS + (rng.randint(1, 200),))
+            b, h = rng.randrange(batch), rng.randrange(heads)
+            plan = build_plan(mask, sq, sk, bm, bn, batch, heads, g, schedule)
+            assert plan.schedule_used == alone.schedule_used == schedule
+            assert np.array_equal(plan.trace_array()[b, h], alone.trace_array()[0, 0])
+            mine = (plan.step_b == b) & (plan.step_h == h)
+            for n in range(plan.grid.num_n):
+                assert np.array_equal(plan.step_m[mine & (plan.step_n == n)], alone.step_m[alone.step_n == n])
+
+
 def test_fully_masked_rows_have_no_contributions():
     plan = build_plan("causal", 1000, 200, 64, 128, 1, 1, 132, "ascending")
     plan.check()
@@ -248,7 +294,8 @@ def test_fully_masked_rows_have_no_contributions():
 
 
 def test_purity():
-    for schedule, mask in (("shift", "full"), ("symmetric_shift", "causal"), ("ascending", "causal")):
+    for schedule, mask in (("shift", "full"), ("symmetric_shift", "causal"), ("ascending", "causal"),
+                           ("split", "causal")):
         a = build_plan(mask, 2048, 2048, 64, 128, 2, 5, 114, schedule)
         b = build_plan(mask, 2048, 2048, 64, 128, 2, 5, 114, schedule)
         assert a.cta_tasks == b.cta_tasks and a.cta_tiles == b.cta_tiles

@@ -16,7 +16,7 @@ from kernel_head_dims import dtype_id, gpu_dtypes, gpu_head_dims, head_dim_v
 from test_bwd_gpu import _wait
 from varlen_packs import Pack, make_pack
 
-from flash_attn_dash import flash_attn_varlen_func, varlen_cuda
+from flash_attn_dash import flash_attn_varlen_func, launch, variants, varlen_cuda
 
 pytestmark = pytest.mark.gpu
 
@@ -242,16 +242,22 @@ def _dout(pack: Pack) -> torch.Tensor:
     return torch.randn(shape, generator=torch.Generator().manual_seed(7)).to(pack.q)
 
 
-@pytest.mark.parametrize("schedule", ["auto", "ascending", "descending"])
+KERNEL_SCHEDULE_MASKS = [(name, causal) for causal in (False, True)
+                         for name in ("auto",) + variants.schedules_for("causal" if causal else "full")
+                         if name == "auto" or name in launch.VARLEN_KERNEL_ORDERS]
+
+
+@pytest.mark.parametrize("schedule,causal", KERNEL_SCHEDULE_MASKS,
+                         ids=[f"{'causal' if c else 'full'}-{name}" for name, c in KERNEL_SCHEDULE_MASKS])
 @pytest.mark.parametrize("used", [False, True], ids=["whole", "seqused"])
 @pytest.mark.parametrize("heads,heads_k", [(4, 4), (6, 2), (4, 1)], ids=["MHA", "GQA", "MQA"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("head_dim", HDIMS)
 def test_deterministic_backward_kernel_gives_each_sequence_its_dense_bits(monkeypatch, head_dim, causal, heads,
                                                                          heads_k, used, schedule):
+    """Every order the varlen kernel runs, on each mask that defines it."""
     pack = _random_pack(head_dim + causal + heads_k, 9, 700, heads, heads_k, head_dim, torch.bfloat16,
                         same_lengths=False, used=used)
-    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, causal=causal)
+    want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, kernel_runs=True, causal=causal)
     for name, w, g in zip(("dq", "dk", "dv"), want, got):
         assert torch.equal(g, w), f"{name} differs"
 
@@ -411,7 +417,8 @@ def test_backward_kernel_watchdog_sweep(monkeypatch, seed):
     margin = rng.choice([0, sms // 2, sms - 2])
     features = rng.choice([dict(causal=False), dict(causal=True), dict(causal=True, window_size=(200, 0)),
                            dict(causal=False, window_size=(150, 40))])
-    schedule = rng.choice(["ascending", "descending"])
+    # diagonal is a causal order: the host refuses it on full masks before launch
+    schedule = rng.choice(["ascending", "descending"] + (["diagonal"] if features["causal"] else []))
     want, got = _both_backwards(pack, _dout(pack), monkeypatch, True, schedule, sm_margin=margin, kernel_runs=None,
                                 **features)
     for name, w, g in zip(("dq", "dk", "dv"), want[:3], got[:3]):

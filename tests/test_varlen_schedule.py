@@ -8,7 +8,8 @@ import flash_attn_dash.ops as ops
 from flash_attn_dash import (backward_schedule_used, flash_attn_varlen_func, set_debug, variants, varlen_cuda,
                              varlen_schedule_used)
 from flash_attn_dash.schedule import build_plan, bwd_tile_shape
-from flash_attn_dash.launch import PORTABLE_SCHEDULES, VARLEN_AUTO
+from flash_attn_dash.launch import (CAUSAL_WINDOW, NO_WINDOW, PORTABLE_SCHEDULES, UP_WALKS, VARLEN_AUTO,
+                                    VARLEN_AUTO_DIAGONAL_HDIMS, VARLEN_KERNEL_ORDERS, varlen_request)
 
 # hdim 64: the dense "auto" runs symmetric_shift on causal 1k and shift on full 1k (measured preferences)
 LENS_Q = [1024, 0, 256, 300, 1024]
@@ -30,15 +31,29 @@ def _dense_answers(pack, causal, deterministic, schedule, sm_margin=0):
 
 
 def test_portable_schedules_are_kernel_orders():
-    assert VARLEN_AUTO in PORTABLE_SCHEDULES
+    assert VARLEN_AUTO in PORTABLE_SCHEDULES and "diagonal" in PORTABLE_SCHEDULES
     assert set(PORTABLE_SCHEDULES) <= set(variants.SCHEDULE_NAMES)
 
 
+@pytest.mark.parametrize("head_dim", [64, 96, 128, 192, 256])
+def test_deterministic_auto_depends_on_head_dim_and_mask_only(head_dim):
+    """What may change bits anyway (head dim, mask, window) picks the order, never the pack: diagonal on the causal
+    mask at the head dims measured faster with it, descending elsewhere."""
+    diagonal = head_dim in VARLEN_AUTO_DIAGONAL_HDIMS
+    assert varlen_request(True, "auto", head_dim, CAUSAL_WINDOW) == ("diagonal" if diagonal else "descending")
+    assert varlen_request(True, "auto", head_dim, NO_WINDOW) == "descending"
+    assert varlen_request(True, "auto", head_dim, (128, 0)) == "descending"
+    assert varlen_request(True, "split", head_dim, CAUSAL_WINDOW) == "split"
+    assert varlen_request(False, "auto", head_dim, CAUSAL_WINDOW) == "auto"
+    assert VARLEN_AUTO_DIAGONAL_HDIMS == (64,)
+
+
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-def test_deterministic_auto_is_descending_on_every_sequence(causal):
+def test_deterministic_auto_is_one_portable_order_on_every_sequence(causal):
     pack = _pack()
     got = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=causal)
-    assert got == ["descending", None, "descending", "descending", None]
+    want = "diagonal" if causal else "descending"  # hdim 64
+    assert got == [want, None, want, want, None]
     # where the dense auto picks a grid-dependent order, varlen does not follow it
     assert _dense_answers(pack, causal, True, "auto")[0] == ("symmetric_shift" if causal else "shift")
 
@@ -109,9 +124,9 @@ def test_backward_asks_each_sequence_for_the_reported_order(monkeypatch):
         out.sum().backward()
     finally:
         set_debug(None)
-    assert seen == [(256, 256, "descending"), (128, 128, "descending"), (200, 300, "descending")]
+    assert seen == [(256, 256, "diagonal"), (128, 128, "diagonal"), (200, 300, "diagonal")]  # hdim 64, causal
     reported = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True)
-    assert reported == ["descending", None, "descending", "descending"]
+    assert reported == ["diagonal", None, "diagonal", "diagonal"]
 
 
 def _head_orders(schedule, causal, seqlen, batch, b, num_sms, heads=2, h=1):
@@ -128,8 +143,8 @@ def _head_orders(schedule, causal, seqlen, batch, b, num_sms, heads=2, h=1):
 PLACEMENTS = [(1, 0, 132), (3, 2, 10), (5, 1, 7)]
 
 
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("schedule", PORTABLE_SCHEDULES)
+@pytest.mark.parametrize("schedule,causal", [(s, causal) for s in PORTABLE_SCHEDULES for causal in (False, True)
+                                              if ("causal" if causal else "full") in variants.schedule(s).masks])
 def test_portable_orders_do_not_depend_on_placement_or_grid(schedule, causal):
     first, *others = (_head_orders(schedule, causal, 1024, *p) for p in PLACEMENTS)
     for other in others:
@@ -145,17 +160,25 @@ def test_round_based_orders_depend_on_placement_and_grid(schedule, causal):
     assert any(not np.array_equal(o[1], first[1]) or o[2] != first[2] for o in others)
 
 
-@pytest.mark.parametrize("deterministic,schedule,order", [
-    (True, "auto", VARLEN_AUTO), (True, "ascending", "ascending"), (True, "descending", "descending"),
-    (True, "shift", None), (True, "symmetric_shift", None),
-    (False, "auto", "descending"), (False, "shift", "descending"), (False, "ascending", "descending"),
+@pytest.mark.parametrize("deterministic,schedule,head_dim,window,order", [
+    (True, "auto", 128, NO_WINDOW, "descending"), (True, "auto", 128, CAUSAL_WINDOW, "descending"),
+    (True, "auto", 64, CAUSAL_WINDOW, "diagonal"), (True, "auto", 64, NO_WINDOW, "descending"),
+    (True, "auto", 64, (128, 0), "descending"),
+    (True, "ascending", 128, NO_WINDOW, "ascending"), (True, "descending", 128, NO_WINDOW, "descending"),
+    (True, "split", 128, CAUSAL_WINDOW, "split"), (True, "diagonal", 128, CAUSAL_WINDOW, "diagonal"),
+    (True, "split", 128, NO_WINDOW, None), (True, "diagonal", 64, (128, 0), None),
+    (True, "shift", 128, NO_WINDOW, None), (True, "symmetric_shift", 128, CAUSAL_WINDOW, None),
+    (False, "auto", 64, CAUSAL_WINDOW, "descending"), (False, "shift", 128, NO_WINDOW, "descending"),
+    (False, "diagonal", 128, CAUSAL_WINDOW, "descending"),
 ])
-def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, order):
+def test_varlen_kernel_runs_the_portable_orders_only(deterministic, schedule, head_dim, window, order):
     """The varlen backward kernel (hopper/bwd/launch.h with_varlen_policy) runs what each sequence's dense backward
-    would run where that order is portable; a deterministic request for a grid-dependent order gets None (the
-    per-sequence path, which runs it as asked)."""
+    would run where that order is portable; a deterministic request for a grid-dependent order, or for split or
+    diagonal on a pack that is not causal without a window (their policies walk the causal triangle only), gets None
+    (the per-sequence path, which runs it as asked)."""
     from flash_attn_dash.launch import VARLEN_KERNEL_NONDETERMINISTIC_WALK, varlen_kernel_launch
-    decided = varlen_kernel_launch(deterministic, schedule, 128, 10_000, 7, 16, 132)
+    decided = varlen_kernel_launch(deterministic, schedule, head_dim, 10_000, 7, 16, 132, None, window,
+                                   window != NO_WINDOW)
     assert (decided and decided.order) == order
     assert VARLEN_KERNEL_NONDETERMINISTIC_WALK in PORTABLE_SCHEDULES
     if decided is not None:
@@ -211,14 +234,19 @@ def test_a_sequence_folds_exactly_when_its_dense_call_folds():
 
 def test_varlen_kernel_orders_match_the_launcher():
     """launch.h's with_varlen_policy names the orders the Python side hands it: descending in both modes, ascending
-    when deterministic."""
+    when deterministic, split and diagonal when deterministic on the causal mask without a window (kUpWalks)."""
     import re
     from pathlib import Path
     text = (Path(__file__).resolve().parents[1] / "hopper" / "bwd" / "launch.h").read_text()
     body = text[text.index("bool with_varlen_policy"):text.index("// Launches the main kernel")]
     assert re.search(r"Schedule::kDescending\)\s*\{\s*f\(PolicyTag<Descending>", body)
     assert re.search(r"if constexpr \(Deterministic\)\s*\{\s*if \(s == Schedule::kAscending\)", body)
-    assert set(PORTABLE_SCHEDULES) == {"ascending", "descending"}
+    up = body[body.index("if constexpr (kUpWalks)"):]
+    assert re.search(r"Schedule::kSplit\)\s*\{\s*f\(PolicyTag<Split>", up)
+    assert re.search(r"Schedule::kDiagonal\)\s*\{\s*f\(PolicyTag<Diagonal>", up)
+    assert "with_varlen_policy<Deterministic, Is_causal && !Is_local>" in text
+    assert set(VARLEN_KERNEL_ORDERS) == set(PORTABLE_SCHEDULES) == {"ascending", "descending", "split", "diagonal"}
+    assert set(UP_WALKS) == {"split", "diagonal"}
 
 
 def test_varlen_schedule_used_answers_the_kernels_order_where_it_runs(monkeypatch):
@@ -231,7 +259,8 @@ def test_varlen_schedule_used_answers_the_kernels_order_where_it_runs(monkeypatc
     monkeypatch.setattr(varlen_cuda, "BWD_KERNEL_VALIDATED", True)
     want = [None if s is None else "descending" for s in per_sequence]
     assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=False) == want
-    assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True) == want
+    diagonal = [None if s is None else "diagonal" for s in per_sequence]  # hdim 64
+    assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True) == diagonal
     asc = varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=False, deterministic=True, schedule="ascending")
     assert asc == [None if s is None else "ascending" for s in per_sequence]
     assert varlen_schedule_used(pack.q, pack.k, **pack.args(), causal=True, deterministic=True,

@@ -58,7 +58,8 @@ def set_schedule(schedule: str, mask: str | None = None) -> None:
     :func:`flash_attn_dash.flash_attn_func`; the default is ``"auto"`` for both masks).
 
     Args:
-        schedule: "auto", "ascending", "descending", "shift" (full masks) or "symmetric_shift" (causal masks).
+        schedule: "auto", "ascending", "descending", "shift" (full masks) or "symmetric_shift", "split",
+            "diagonal" (causal masks).
         mask: "full" or "causal" sets the order of that mask only; None sets both, so it accepts only the orders
             defined for both masks ("auto", "ascending", "descending").
 

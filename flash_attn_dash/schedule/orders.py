@@ -1,4 +1,4 @@
-"""The four dQ accumulation orders: which CTA runs which K/V tile, the order of its Q tiles, and each step's rank, on
+"""The dQ accumulation orders: which CTA runs which K/V tile, the order of its Q tiles, and each step's rank, on
 the full and causal masks and on sliding-window bands.
 
 Every formula here is written so that a CUDA kernel can evaluate it per tile from ``(t or chunk, G, B, H, M, N)`` alone;
@@ -10,17 +10,18 @@ Linear tiles
 Static persistent grid (``shift``)
     CTA ``g`` runs ``t = g, g + G, g + 2G, ...``.  Round (wave) ``j`` is ``t in [j*G, (j+1)*G)``: all G CTAs are
     co-resident, so the tiles of one round really run concurrently.
-Dynamic persistent grid (``ascending``, ``descending``, ``shift`` on a band)
+Dynamic persistent grid (``ascending``, ``descending``, ``split``, ``diagonal``, ``shift`` on a band)
     Tiles are claimed in the order ``p = 0, 1, ...``: n-major within groups of ``Hg`` heads (:func:`claim_group`),
-    i.e. group ``p // (Hg N)``, then ``n``, then the head within the group.  CTA ``g`` starts with claim ``p = g``;
+    i.e. group ``p // (Hg N)``, then the head's claim position (``n`` itself, but for ``split``, ``diagonal`` and
+    ``shift`` on a band: :func:`claimed_n`), then the head within the group.  CTA ``g`` starts with claim ``p = g``;
     every later claim goes to whichever CTA frees up first (the kernel's producer warp takes it from a global counter
     when the CTA's MMAs are done with its tile).  Which CTA runs a tile therefore depends on timing, but the ranks do
     not: they follow from the tile alone.  The model's CTA lists are the claims of a greedy simulation under the cost
     model (:func:`claim_tiles`), its prediction of the run.  Deadlock freedom holds for every claim order: each rank
-    predecessor ``(n-1, m)`` of the same head has a smaller ``p``, claims are taken in increasing ``p`` and each CTA
-    runs its tiles in that order, so the unfinished tile with the smallest ``p`` always progresses.  ``tile_round`` is
-    ``p`` itself (tiles are claimed one at a time), which :meth:`Plan.check`'s round rule then turns into exactly that
-    condition.
+    predecessor (of the same head, the tile claimed last before it among those touching m) has a smaller ``p``, claims
+    are taken in increasing ``p`` and each CTA runs its tiles in that order, so the unfinished tile with the smallest
+    ``p`` always progresses.  ``tile_round`` is ``p`` itself (tiles are claimed one at a time), which
+    :meth:`Plan.check`'s round rule then turns into exactly that condition.
 
 Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone visits)
     Every order is defined on a band.  Tile n visits its Q tiles ``[m_min(n), m_end(n))`` and dQ tile m receives from
@@ -48,6 +49,24 @@ Bands (``TileGrid.banded``: a sliding window that removes tiles the mask alone v
     the bits do not depend on the grid; on the static grid the band's unequal tiles (clamped ends, empty tiles) left
     10-40% of the SM time idle in the model, on the dynamic one the price of the up walk is its claim order, which
     leaves a head's longest tiles for last.
+``split`` (causal)
+    A head's long half first, as ``descending``: tiles ``n < P = N // 2`` are claimed in ascending n and walk down
+    from ``M - 1``; then its short half from the shortest tile: ``n = N - 1`` down to ``P`` are claimed in that order
+    and walk up from ``m_min(n)``.  Ranks follow the claim order of the tiles touching m: ``rank = n`` for ``n < P``,
+    ``P + n_end(m) - 1 - n`` for ``n >= P``.  A rank is a function of (n, m, N, M) alone, so the bits do not depend
+    on the grid (portable, ``docs/portable-orders.md``).  Why: in descending a head's tiles reach row m in claim order
+    only as far apart as their claims (a few heads' worth), so the reduce hand-offs queue when claims come close; a
+    short tile walking up reaches row m ``s = block_n / block_m`` steps after the shorter tile claimed before it, and
+    the long half keeps the longest tiles first for balance.  Deadlock freedom is the dynamic grid's argument (ranks
+    follow the claim order).  Defined on the causal mask (any ``seqlen_q``, ``seqlen_k``: every tile's Q tiles contain
+    the next tile's); on a band it falls back to ``descending``.
+``diagonal`` (causal)
+    ``split`` with ``P = 0``: a head's tiles are claimed from ``n = N - 1`` down and every tile walks up from
+    ``m_min(n)``; ``rank = n_end(m) - 1 - n``.  Every rank predecessor ``(n + 1, m)`` is one step shallower (Lemma 1
+    with strict inequality), so when a head's tiles start together no store waits, where ``descending`` queues them
+    one store apart on the head's last Q tile; the price is that a head's longest tile is claimed last, a tail that
+    only shorter work claimed after it (a pack's shorter sequences) fills.  Portable; on a band it falls back to
+    ``descending``.
 ``shift`` (full mask)
     Per head and round: ``R`` = number of the head's tiles in round j, ``F = max(0, j*G - q*N)`` = its tiles in earlier
     rounds, slot ``k = n - F`` in ``[0, R)``.  If ``R <= M``: the tile visits ``m_i = (k + i) mod M`` for ``i = 0..M-1``
@@ -183,11 +202,18 @@ def walk_steps(m_min: np.ndarray, m_end: np.ndarray, walk_up) -> tuple[np.ndarra
     return tile, i, np.where(up, m_min[tile] + i, m_end[tile] - 1 - i)
 
 
-def claimed_ranks(step_n: np.ndarray, n_min: np.ndarray, contributions: np.ndarray, claim_down) -> np.ndarray:
-    """Rank of contribution ``(n, m)`` when dQ tile m (K/V tiles ``[n_min, n_min + contributions)``) adds in the
-    order its tiles are claimed: ascending n gives ``n - n_min(m)``, descending (``claim_down``)
-    ``n_end(m) - 1 - n``."""
-    return np.where(claim_down, n_min + contributions - 1 - step_n, step_n - n_min)
+def claimed_n(position: np.ndarray, num_n, split) -> np.ndarray:
+    """K/V tile of the ``position``-th claim of a head whose tiles ``n < split`` are claimed in ascending n, then
+    ``n = N - 1`` down to ``split`` (``split = N``: ascending n, 0: descending n)."""
+    return np.where(position < split, position, num_n - 1 - (position - split))
+
+
+def claimed_ranks(step_n: np.ndarray, n_min: np.ndarray, contributions: np.ndarray, split) -> np.ndarray:
+    """Rank of contribution ``(n, m)`` when dQ tile m (K/V tiles ``[n_min, n_end)``, ``n_end = n_min +
+    contributions``) adds in the order :func:`claimed_n` claims its tiles: ``n - n_min(m)`` for ``n < split``, else
+    the tiles ``[n_min, split)`` and then those above n: ``max(0, split - n_min) + n_end - 1 - n``."""
+    return np.where(step_n < split, step_n - n_min,
+                    np.maximum(0, split - n_min) + n_min + contributions - 1 - step_n)
 
 
 def rank_predecessors(dq_tile: np.ndarray, rank: np.ndarray) -> np.ndarray:
@@ -254,8 +280,9 @@ def claim_tiles(lengths: np.ndarray, pred: np.ndarray, num_ctas: int, c: float, 
 @dataclass(frozen=True)
 class Claims:
     """The tiles of a dynamic grid in claim order (index = claim ``p``): who they are, the Q tiles they visit, their
-    walk and their dQ tiles' ranges.  ``dq_base + m`` is a step's dQ tile id (any id unique per dQ tile); ``rows(tile,
-    m)`` gives ``(n_min(m), K_m)`` of the dQ tile of each step ``(tile, m)``."""
+    walk, their head's claim order (:func:`claimed_n`) and their dQ tiles' ranges.  ``dq_base + m`` is a step's dQ tile
+    id (any id unique per dQ tile); ``rows(tile, m)`` gives ``(n_min(m), K_m)`` of the dQ tile of each step ``(tile,
+    m)``."""
 
     b: np.ndarray
     h: np.ndarray
@@ -263,7 +290,7 @@ class Claims:
     m_min: np.ndarray
     m_end: np.ndarray
     walk_up: np.ndarray | bool
-    claim_down: np.ndarray | bool
+    split: np.ndarray | int  # the head's tiles n < split are claimed in ascending n, then the others descending
     dq_base: np.ndarray
     rows: Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -273,8 +300,8 @@ def claimed_orders(claims: Claims, ctas: int, costs: tuple[float, float], schedu
     CTA of each claim is predicted by :func:`claim_tiles` (timing decides it on the GPU; ranks do not depend on it)."""
     tile, _, step_m = walk_steps(claims.m_min, claims.m_end, claims.walk_up)
     step_n = claims.n[tile]
-    down = np.broadcast_to(claims.claim_down, claims.n.shape)[tile]
-    step_rank = claimed_ranks(step_n, *claims.rows(tile, step_m), down)
+    split = np.broadcast_to(claims.split, claims.n.shape)[tile]
+    step_rank = claimed_ranks(step_n, *claims.rows(tile, step_m), split)
     pred = rank_predecessors(claims.dq_base[tile] + step_m, step_rank)
     lengths = claims.m_end - claims.m_min
     cta = claim_tiles(lengths, pred, ctas, *costs)
@@ -285,33 +312,45 @@ def claimed_orders(claims: Claims, ctas: int, costs: tuple[float, float], schedu
                   step_m[steps], step_rank[steps], schedule, description)
 
 
-def dynamic_walk(schedule: str, grid: TileGrid) -> tuple[bool, bool]:
-    """``(walk_up, claim_down)`` of ``schedule`` on the dynamic grid for ``grid``: ascending walks up, descending down,
-    both claim (and rank) ascending n; ``shift`` on a band walks as :func:`band_walks_up` says, claiming descending n
-    when it walks up."""
+def dynamic_walk(schedule: str, grid: TileGrid) -> tuple[bool, int]:
+    """``(walk_up, split)`` of ``schedule`` on the dynamic grid for ``grid``: a head's tiles ``n < split`` are claimed
+    first, in ascending n, and walk up (``walk_up``) or down; the others are claimed from ``n = N - 1`` down and walk
+    up.  Ascending and descending claim every tile in ascending n (``split = N``), ``split`` its long half
+    (``N // 2``), ``diagonal`` none (``split = 0``); ``shift`` on a band claims descending n and walks up (``split = 0``) where :func:`band_walks_up`
+    says so, else it is descending."""
+    num_n = grid.num_n
     if schedule == "shift":
         up = band_walks_up(grid)
-        return up, up
-    return schedule == "ascending", False
+        return up, 0 if up else num_n
+    if schedule == "split":
+        return False, num_n // 2
+    if schedule == "diagonal":
+        return True, 0
+    return schedule == "ascending", num_n
 
 
 def _dynamic(grid: TileGrid, batch: int, heads: int, num_sms: int, schedule: str, costs: tuple[float, float],
              claim_heads: int | None, heads_kv: int) -> Orders:
     """A walk over the dynamic grid (:func:`dynamic_walk`): claims n-major within groups of heads (flat ``b * H +
-    h``), a head's tiles claimed in ascending n, or descending n (``claim_down``), and ranked in that order."""
+    h``), each head's tiles in the order :func:`claimed_n` gives, and ranked in that order."""
     num_m, num_n = grid.num_m, grid.num_n
     bh = batch * heads
     ctas = num_ctas(schedule, grid, bh, num_sms)
     group_heads = claim_group(num_m, bh, ctas) if claim_heads is None else min(claim_heads, bh)
-    walk_up, claim_down = dynamic_walk(schedule, grid)
-    q, n = claimed_tiles(np.arange(bh * num_n, dtype=np.int64), num_n, group_heads, bh)
-    if claim_down:
-        n = num_n - 1 - n
+    walk_up, split = dynamic_walk(schedule, grid)
+    q, position = claimed_tiles(np.arange(bh * num_n, dtype=np.int64), num_n, group_heads, bh)
+    n = claimed_n(position, num_n, split)
     n_min, k_m = grid.n_min(), grid.contributions()
-    claims = Claims(q // heads, slot_heads(q % heads, heads, heads_kv), n, grid.m_min()[n], grid.m_end()[n], walk_up, claim_down, q * num_m,
-                    lambda tile, m: (n_min[m], k_m[m]))
-    direction = f"walks {'up' if walk_up else 'down'} the band, n {'de' if claim_down else 'a'}scending; "
-    walk = direction if grid.banded else ""
+    claims = Claims(q // heads, slot_heads(q % heads, heads, heads_kv), n, grid.m_min()[n], grid.m_end()[n],
+                    walk_up | (n >= split), split, q * num_m, lambda tile, m: (n_min[m], k_m[m]))
+    if schedule == "split":
+        walk = f"n < {split} ascending walking down, then n descending walking up; "
+    elif schedule == "diagonal":
+        walk = "n descending walking up; "
+    elif grid.banded:
+        walk = f"walks {'up' if walk_up else 'down'} the band, n {'de' if split == 0 else 'a'}scending; "
+    else:
+        walk = ""
     return claimed_orders(claims, ctas, costs, schedule,
                           f"{schedule} over a dynamic persistent grid of {ctas} CTAs ({walk}claims n-major in groups "
                           f"of {group_heads} head(s))")
@@ -386,10 +425,13 @@ def _band_pairs_problem(grid: TileGrid) -> str:
 
 
 def fallback_reason(schedule: str, grid: TileGrid) -> str | None:
-    """Why ``schedule`` cannot run on ``grid`` as a whole (then its ``variants`` fallback runs), or None.  Only
-    symmetric_shift has call-level assumptions; shift falls back per (head, round) group inside its own order."""
+    """Why ``schedule`` cannot run on ``grid`` as a whole (then its ``variants`` fallback runs), or None: the
+    assumptions of symmetric_shift, and split's causal triangle (a band breaks the nesting of its tiles' Q tiles
+    that its up walks rely on); shift falls back per (head, round) group inside its own order."""
     if schedule == "symmetric_shift":
         return symmetric_shift_fallback(grid)
+    if schedule in ("split", "diagonal") and grid.banded:
+        return f"{schedule} needs the causal mask, got {grid.describe()}"
     return None
 
 

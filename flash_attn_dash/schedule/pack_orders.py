@@ -1,4 +1,4 @@
-"""The four schedules on a varlen pack (:class:`.packs.PackTiles`): every sequence runs its dense order, and all of
+"""The schedules on a varlen pack (:class:`.packs.PackTiles`): every sequence runs its dense order, and all of
 them share one persistent grid.
 
 Each sequence walks and ranks as its dense batch-1 call does (the formulas of :mod:`.orders`, evaluated with the
@@ -7,17 +7,18 @@ sequence's order depends on it.  A sequence is **portable** (:func:`sequence_por
 hence its bits, equal its dense batch-1 call's whatever it is packed with: its neighbours, its position, the number
 of sequences and the grid.
 
-Dynamic grid (ascending, descending; shift on a pack with a band; symmetric_shift when no sequence can pair)
+Dynamic grid (ascending, descending, split; shift on a pack with a band; symmetric_shift when no sequence can pair)
     Claims go sequence by sequence in claim order (longest first, :mod:`.packs`); inside sequence b, n-major within
     groups of ``claim_group(M_b, H, G)`` heads, the claims of its dense call.  A rank is the contribution's place in
-    the claim order of its dQ tile (``n - n_min(m)``, or ``n_end(m) - 1 - n`` for shift walking up a band) and every
-    tile walks its own Q-tile range in its own direction (:func:`.orders.dynamic_walk`), so a sequence's walks and
-    ranks are functions of (sequence, m, n) alone.  Ascending and descending are portable.  So is shift on a banded
-    sequence (its dense call runs the same band walk); shift's other sequences in a banded pack walk as
-    :func:`.orders.band_walks_up` says for their triangle or rectangle, an order their dense call (static shift, or
-    no shift at all on a causal triangle) does not run, and which they run only because a neighbour is banded: not
-    portable.  Deadlock freedom is the dense argument: the rank predecessor ``(n -/+ 1, m)`` of a contribution
-    belongs to the same (sequence, head) and was claimed earlier; sequences never wait on each other.
+    the claim order of its dQ tile (``n - n_min(m)``, ``n_end(m) - 1 - n`` for shift walking up a band, split's
+    two halves: :func:`.orders.claimed_ranks`) and every tile walks its own Q-tile range in its own direction
+    (:func:`.orders.dynamic_walk`), so a sequence's walks and ranks are functions of (sequence, m, n) alone.
+    Ascending, descending, split and diagonal (descending on a banded sequence, as their dense call) are portable.
+    So is shift on a banded sequence (its dense call runs the same band walk); shift's other sequences in a banded pack
+    walk as :func:`.orders.band_walks_up` says for their triangle or rectangle, an order their dense call (static
+    shift, or no shift at all on a causal triangle) does not run, and which they run only because a neighbour is
+    banded: not portable.  Deadlock freedom is the dense argument: the rank predecessor of a contribution belongs to
+    the same (sequence, head) and was claimed earlier; sequences never wait on each other.
 Static grid (shift on a pack without a band: every sequence full)
     Units are the K/V tiles in claim order (sequence, head, n fastest), CTA g runs units ``g, g + G, ...``, and each
     (sequence, head) is a head of dense shift whose units start at ``P_i + h N_b`` (:func:`.orders.waves` with that
@@ -37,18 +38,19 @@ from dataclasses import replace
 
 import numpy as np
 
+from .. import variants
 from .costs import default_costs
-from .orders import (Claims, Orders, check_applicable, claim_group, claimed_orders, claimed_ranks, claimed_tiles,
-                     dynamic_walk, expand, grid_size, over_note, pair_steps, shift_steps, symmetric_shift_fallback,
-                     slot_heads, walk_steps, waves)
+from .orders import (Claims, Orders, check_applicable, claim_group, claimed_n, claimed_orders, claimed_ranks,
+                     claimed_tiles, dynamic_walk, expand, fallback_reason, grid_size, over_note, pair_steps,
+                     shift_steps, symmetric_shift_fallback, slot_heads, walk_steps, waves)
 from .packs import PackTiles
 
 
 def sequence_schedules(pack: PackTiles, schedule: str) -> tuple[str | None, ...]:
     """The order each sequence runs when the pack requests ``schedule`` (None: no work), as its dense call decides:
-    symmetric_shift falls back to descending per sequence."""
+    symmetric_shift and split fall back to descending per sequence."""
     def runs(grid) -> str:
-        return "descending" if schedule == "symmetric_shift" and symmetric_shift_fallback(grid) else schedule
+        return variants.schedule(schedule).fallback if fallback_reason(schedule, grid) else schedule
 
     return tuple(None if g is None else runs(g) for g in pack.grids)
 
@@ -65,10 +67,10 @@ def grid_kind(pack: PackTiles, schedule: str) -> str:
 
 def sequence_portable(pack: PackTiles, schedule: str) -> tuple[bool | None, ...]:
     """Per sequence (None: no work), whether its walks and ranks equal its dense batch-1 call's for ``schedule``
-    whatever it is packed with (module docstring): it runs ascending or descending (symmetric_shift's fallback
-    included), or shift on its own band."""
+    whatever it is packed with (module docstring): it runs ascending or descending (the fallbacks
+    included), split, or shift on its own band."""
     def portable(grid, runs: str) -> bool:
-        return runs in ("ascending", "descending") or (runs == "shift" and grid.banded)
+        return variants.schedule(runs).portable or (runs == "shift" and grid.banded)
 
     runs = sequence_schedules(pack, schedule)
     return tuple(None if g is None else portable(g, r) for g, r in zip(pack.grids, runs))
@@ -85,13 +87,14 @@ def _dynamic(pack: PackTiles, heads: int, num_sms: int, schedule: str, costs: tu
     b = pack.order[i]
     group = np.array([claim_group(int(m), heads, ctas) if claim_heads is None else min(claim_heads, heads)
                       for m in num_m], dtype=np.int64)
-    # A sequence without work claims nothing, so its walk is never read.
-    walks = np.array([(False, False) if g is None else dynamic_walk(schedule, g) for g in pack.grids], dtype=bool)
-    up, down = walks[b, 0], walks[b, 1]
-    h, n = claimed_tiles(j, num_n[b], group[b], heads)
-    n = np.where(down, num_n[b] - 1 - n, n)
+    # Each sequence walks the order its dense call runs; one without work claims nothing, so its walk is never read.
+    walks = np.array([(False, 0) if g is None else dynamic_walk(runs, g)
+                      for g, runs in zip(pack.grids, sequence_schedules(pack, schedule))], dtype=np.int64)
+    up, split = walks[b, 0].astype(bool), walks[b, 1]
+    h, position = claimed_tiles(j, num_n[b], group[b], heads)
+    n = claimed_n(position, num_n[b], split)
     m_min, m_end = pack.m_range(b, n)
-    claims = Claims(b, slot_heads(h, heads, heads_kv), n, m_min, m_end, up, down,
+    claims = Claims(b, slot_heads(h, heads, heads_kv), n, m_min, m_end, up | (n >= split), split,
                     pack.m_offset[b] * heads + h * num_m[b],
                     lambda tile, m: pack.rows(b[tile], m))
     return claimed_orders(claims, ctas, costs, schedule,
@@ -141,7 +144,7 @@ def _pairs(pack: PackTiles, heads: int, num_sms: int, heads_kv: int) -> Orders:
     n = np.where(stage == 1, num_n[tb] - 1 - k[unit], k[unit])
     m_min, m_end = pack.m_range(tb, n)
     tile, step, step_m = walk_steps(m_min, m_end, False)  # the singles' descending walk
-    step_rank = claimed_ranks(n[tile], *pack.rows(tb[tile], step_m), False)
+    step_rank = claimed_ranks(n[tile], *pack.rows(tb[tile], step_m), num_n[tb[tile]])
     ps = np.flatnonzero(paired[tb[tile]])  # steps of pair tiles take the pair formulas instead
     pu, pb = unit[tile[ps]], tb[tile[ps]]
     step_m[ps], step_rank[ps] = pair_steps(num_m[pb], num_n[pb], s, stage[tile[ps]], n[tile[ps]], running[pu],
@@ -169,10 +172,12 @@ def build_pack_orders(pack: PackTiles, heads: int, num_sms: int, schedule: str,
         return _static(pack, heads, num_sms, heads_kv)
     if kind == "pair":
         return _pairs(pack, heads, num_sms, heads_kv)
-    if schedule == "symmetric_shift":  # no sequence can pair: the whole pack runs the fallback, as a dense call does
+    fallback = variants.schedule(schedule).fallback
+    if fallback is not None and schedule not in sequence_schedules(pack, schedule):
+        # No sequence meets its assumptions: the whole pack runs the fallback, as a dense call does.
         index, reason = next((b, why) for b, g in enumerate(pack.grids)
-                             if g is not None and (why := symmetric_shift_fallback(g)))
-        reason = f"no sequence of the pack meets symmetric_shift's assumptions (sequence {index}: {reason})"
-        orders = _dynamic(pack, heads, num_sms, "descending", costs, claim_heads, heads_kv)
+                             if g is not None and (why := fallback_reason(schedule, g)))
+        reason = f"no sequence of the pack meets {schedule}'s assumptions (sequence {index}: {reason})"
+        orders = _dynamic(pack, heads, num_sms, fallback, costs, claim_heads, heads_kv)
         return replace(orders, description=f"{orders.description} (fallback: {reason})", fallback=reason)
     return _dynamic(pack, heads, num_sms, schedule, costs, claim_heads, heads_kv)

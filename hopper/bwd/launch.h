@@ -78,10 +78,11 @@ void launch_main(BwdKernelParams<Traits> const& kp, int grid, cudaStream_t strea
     check_launch("backward main kernel launch");
 }
 
-// The orders a varlen backward runs (bwd/tiles.hpp: the dynamic-grid ones, flash_attn_dash.launch.VARLEN_WALKS):
-// ascending and descending when deterministic, descending otherwise. Calls f(PolicyTag<P>{}) and returns true, or
-// returns false.
-template <bool Deterministic, class F>
+// The orders a varlen backward runs (bwd/tiles.hpp: the dynamic-grid ones; flash_attn_dash.launch
+// VARLEN_KERNEL_ORDERS): the portable ones when deterministic, descending otherwise; split and diagonal on causal packs without a window
+// only (kUpWalks: the host sends other packs that ask for them to the per-sequence path). Calls f(PolicyTag<P>{}) and
+// returns true, or returns false.
+template <bool Deterministic, bool kUpWalks, class F>
 bool with_varlen_policy(Schedule s, F&& f) {
     if (s == Schedule::kDescending) {
         f(PolicyTag<Descending>{});
@@ -91,6 +92,16 @@ bool with_varlen_policy(Schedule s, F&& f) {
         if (s == Schedule::kAscending) {
             f(PolicyTag<Ascending>{});
             return true;
+        }
+        if constexpr (kUpWalks) {
+            if (s == Schedule::kSplit) {
+                f(PolicyTag<Split>{});
+                return true;
+            }
+            if (s == Schedule::kDiagonal) {
+                f(PolicyTag<Diagonal>{});
+                return true;
+            }
         }
     }
     return false;
@@ -103,7 +114,7 @@ template <class Traits, bool Is_causal, bool Is_local, bool Is_softcap, bool Det
 void launch_policy(Schedule policy, bool gqa_fold, bool varlen, BwdKernelParams<Traits> const& kp, int grid,
                    cudaStream_t stream) {
     if (varlen) {
-        with_varlen_policy<Deterministic>(policy, [&](auto tag) {
+        with_varlen_policy<Deterministic, Is_causal && !Is_local>(policy, [&](auto tag) {
             using Policy = typename decltype(tag)::type;
             if constexpr (Is_local) {
                 if (gqa_fold) {
@@ -172,11 +183,13 @@ char const* launch_error(BwdParams const& p, SchedShape const& s, bool local) {
         }
         if (p.grid < 1 || p.grid > p.num_sms) { return "flash_dash bwd: grid must be in [1, SM count - sm_margin]"; }
         auto none = [](auto) {};
-        bool const runs = p.deterministic ? with_varlen_policy<true>(p.schedule, none)
-                                          : with_varlen_policy<false>(p.schedule, none);
+        bool const up_walks = p.is_causal && !local;
+        bool const runs = !p.deterministic ? with_varlen_policy<false, false>(p.schedule, none)
+                          : up_walks       ? with_varlen_policy<true, true>(p.schedule, none)
+                                           : with_varlen_policy<true, false>(p.schedule, none);
         return runs ? nullptr
-                    : "flash_dash bwd: packed (varlen) backwards run ascending or descending when deterministic, "
-                      "descending otherwise";
+                    : "flash_dash bwd: packed (varlen) backwards run ascending or descending when deterministic (split "
+                      "and diagonal too on causal packs without a window), descending otherwise";
     }
     int64_t const units = p.schedule == Schedule::kSymmetricShift ? int64_t(s.batch) * s.heads * (s.num_n / 2)
                                                                    : int64_t(s.batch) * s.heads * s.num_n;

@@ -2,8 +2,9 @@
 // every tile walks params.sched) or, in the varlen kernels, from the pack's tile table (common/varlen.hpp): tile t is
 // key block n of head h of sequence c.b, walked on that sequence's own grid (its lengths, tiles and mask), so its
 // Q-tile order and dQ ranks are the ones the sequence has alone. The varlen kernels run the dynamic-grid policies
-// (claims in table order: a sequence's heads outer, key blocks inner, so a rank predecessor (n - 1, m) and a GQA
-// sibling predecessor (same n, head h - 1) come earlier, as the deadlock-freedom argument of policies.hpp needs).
+// (claims in table order: a sequence's key-block claim positions within groups of heads, common/varlen.hpp
+// kVarlenKeyClaims, each position the policy's K/V tile (claimed_n), so a rank predecessor and a GQA sibling
+// predecessor (same n, head h - 1) come earlier, as the deadlock-freedom argument of policies.hpp needs).
 // GqaFold varlen kernels: a folded sequence's tiles are (key block, K/V head) on its folded grid, the others' (key
 // block, query head) as in the unfolded kernels (VarlenSeq::folded, decided by the prepare CTA).
 #pragma once
@@ -41,8 +42,8 @@ struct BwdTiles {
             local.num_m = (seq.len_q + local.block_m - 1) / local.block_m;
             local.num_n = (seq.len_k + local.block_n - 1) / local.block_n;
             c.t = t;
-            c.n = e.block_head / local.heads;
-            c.h = e.block_head - c.n * local.heads;
+            c.n = Policy::claimed_n(local, e.block_head / local.heads);
+            c.h = e.block_head - (e.block_head / local.heads) * local.heads;
             c.b = e.seq;
             c.m_min = m_min_of(local, c.n);
             c.m_end = m_end_of(local, c.n);

@@ -4,8 +4,8 @@
 
 namespace flash_dash {
 
-enum class Schedule : int { kAscending = 0, kDescending = 1, kShift = 2, kSymmetricShift = 3 };
-constexpr int kNumSchedules = 4;
+enum class Schedule : int { kAscending = 0, kDescending = 1, kShift = 2, kSymmetricShift = 3, kSplit = 4, kDiagonal = 5 };
+constexpr int kNumSchedules = 6;
 
 inline char const* schedule_name(Schedule s) {
     switch (s) {
@@ -13,6 +13,8 @@ inline char const* schedule_name(Schedule s) {
         case Schedule::kDescending: return "descending";
         case Schedule::kShift: return "shift";
         case Schedule::kSymmetricShift: return "symmetric_shift";
+        case Schedule::kSplit: return "split";
+        case Schedule::kDiagonal: return "diagonal";
     }
     return "unknown";
 }
@@ -20,10 +22,16 @@ inline char const* schedule_name(Schedule s) {
 // Non-null message if `s` is not defined for this mask.
 inline char const* mask_mismatch(Schedule s, bool causal) {
     if (s == Schedule::kShift && causal == true) {
-        return "flash_dash bwd: schedule 'shift' needs the full mask; for causal masks use 'ascending', 'descending', 'symmetric_shift'";
+        return "flash_dash bwd: schedule 'shift' needs the full mask; for causal masks use 'ascending', 'descending', 'symmetric_shift', 'split', 'diagonal'";
     }
     if (s == Schedule::kSymmetricShift && causal == false) {
         return "flash_dash bwd: schedule 'symmetric_shift' needs the causal mask; for full masks use 'ascending', 'descending', 'shift'";
+    }
+    if (s == Schedule::kSplit && causal == false) {
+        return "flash_dash bwd: schedule 'split' needs the causal mask; for full masks use 'ascending', 'descending', 'shift'";
+    }
+    if (s == Schedule::kDiagonal && causal == false) {
+        return "flash_dash bwd: schedule 'diagonal' needs the causal mask; for full masks use 'ascending', 'descending', 'shift'";
     }
     return nullptr;
 }

@@ -27,6 +27,12 @@ bool with_policy(Schedule s, F&& f) {
         case Schedule::kSymmetricShift:
             if constexpr (kCausal && (kDeterministic || kCausal) && (Traits::kBlockN % Traits::kBlockM == 0)) { f(PolicyTag<SymmetricShift<Traits::kBlockN / Traits::kBlockM>>{}); return true; }
             return false;
+        case Schedule::kSplit:
+            if constexpr (kCausal && kDeterministic) { f(PolicyTag<Split>{}); return true; }
+            return false;
+        case Schedule::kDiagonal:
+            if constexpr (kCausal && kDeterministic) { f(PolicyTag<Diagonal>{}); return true; }
+            return false;
     }
     return false;
 }

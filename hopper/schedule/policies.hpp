@@ -19,15 +19,16 @@
 //    left) / kBlockN) (the model's TileGrid in flash_attn_dash/schedule/tiles.py).
 //  * G CTAs, at most one per SM (min(num_sms, B*H*N)). Static persistent grid (Shift): linear tile t in [0, B*H*N),
 //    n = t % N, h = (t / N) % H, b = t / (N*H); CTA g processes t = g, g+G, g+2G, ...  Dynamic
-//    persistent grid (Ascending, Descending): tiles in claim order p (n-major within groups of heads,
+//    persistent grid (Ascending, Descending, Split, Diagonal): tiles in claim order p (n-major within groups of heads,
 //    see DynamicPersistentGrid); CTA g starts with p = g and then claims the next unclaimed p.
-//  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min.
-//  * rank(n, m) = #{ n' < n : tile n' touches m } = n - n_min(m).
+//  * Ascending walks m = m_min .. M-1, Descending walks m = M-1 .. m_min (Split, Diagonal: see the policies).
+//  * rank(n, m) = #{ n' < n : tile n' touches m } = n - n_min(m) (Ascending, Descending).
 //    Proof: m_min(n') and m_end(n') are non-decreasing in n' (floors of non-decreasing arguments), so the n'
 //    touching m are contiguous, from n_min(m) on; for the full and causal masks n_min(m) = 0 and the rank is n.
 //    The ranks of one Q tile m are {0 .. K_m - 1} with no gaps or duplicates.
 //  Deadlock freedom (any m order, either grid): contribution (n, m) waits only for
-//  (n-1, m), which belongs to a tile earlier in the grid's order (t, or p on the dynamic grid). All G
+//  (n-1, m) (Split, Diagonal: the tile claimed last before n among those touching m), which belongs to a tile
+//  earlier in the grid's order (t, or p on the dynamic grid). All G
 //  CTAs are resident (1 CTA/SM, G <= #SMs), tiles are handed out in that order and each CTA processes
 //  its tiles in that order, so the unfinished tile that comes first is held by a running CTA and never
 //  waits on anything unfinished: the system always makes progress.
@@ -110,6 +111,16 @@ FLASH_DASH_HD int n_min_of(SchedShape const& s, int m) {
     if (!s.causal || s.window_left >= kUnboundedWindow) return 0;
     int const key = m * s.block_m + (s.seqlen_k - s.seqlen_q) - s.window_left;
     return clamp_tiles(floor_div(key > 0 ? key : 0, s.block_n), s.num_n);
+}
+
+// One past the last K/V tile that adds into dQ tile m (>= n_min_of(s, m)).
+FLASH_DASH_HD int n_end_of(SchedShape const& s, int m) {
+    if (!s.causal) return s.num_n;
+    int const last_row = ((m + 1) * s.block_m < s.seqlen_q ? (m + 1) * s.block_m : s.seqlen_q) - 1;
+    int const end = clamp_tiles(floor_div(last_row + (s.seqlen_k - s.seqlen_q) + s.window_right, s.block_n) + 1,
+                                s.num_n);
+    int const lo = n_min_of(s, m);
+    return end > lo ? end : lo;
 }
 
 // Whether the window removes a tile that the causal mask alone visits (the model's TileGrid.banded): the
@@ -235,6 +246,8 @@ struct DynamicPersistentGrid : LinearTiles {
         c.m_end = m_end_of(s, c.n);
         return c;
     }
+    // The K/V tile at a head's claim position j (the varlen tile table holds positions: bwd/tiles.hpp).
+    FLASH_DASH_HD static int claimed_n(SchedShape const&, int j) { return j; }
 };
 
 // Every visible Q tile of the K/V tile once, rank = n; Ascending and Descending differ only in direction.
@@ -257,6 +270,56 @@ struct MonotoneWalk : DynamicPersistentGrid {
 
 struct Ascending : MonotoneWalk<false> {};
 struct Descending : MonotoneWalk<true> {};
+
+// Split and Diagonal (causal only; on a band the host falls back to Descending, like the model): a head's tiles
+// n < P are claimed first in ascending n and walk down from M-1 (Descending's walk), then the others from n = N-1
+// down to P, walking up from m_min(n): claim position j (DynamicPersistentGrid's n-major decode) is n = j < P ? j :
+// N-1-(j-P). rank = n for n < P, P + n_end(m) - 1 - n for n >= P: the place of n in that claim order among the tiles
+// touching m (n_min(m) = 0 on the causal mask). Ranks and walks are functions of (n, m, N, M), so the bits do not
+// depend on the grid; every rank predecessor has a smaller claim p, so the proof at the top of this file holds. Why
+// the up walk: tile n then reaches row m kS steps after tile n+1 (claimed before it) instead of as soon as its claim
+// allows, so the reduce hand-offs of a head's tiles do not queue on one row (docs/portable-orders.md).
+//   Split: P = N/2 (the long half keeps the longest tiles first, for balance).
+//   Diagonal: P = 0 (every rank predecessor ran a step earlier; a head's longest tile is claimed last, which a
+//   pack's shorter sequences fill in behind).
+template <bool kHalf>
+struct SplitWalk : DynamicPersistentGrid {
+    static constexpr const char* kName = kHalf ? "split" : "diagonal";
+    static constexpr int kMask = kCausalOnly;
+    struct State {};
+    static const char* unsupported(SchedShape const& s) {
+        if (s.window_right != 0 || removes_causal_tiles(s)) {
+            return kHalf ? "split needs the causal mask (not a band)" : "diagonal needs the causal mask (not a band)";
+        }
+        return nullptr;
+    }
+    FLASH_DASH_HD static int split(SchedShape const& s) { return kHalf ? s.num_n >> 1 : 0; }
+    FLASH_DASH_HD static int claimed_n(SchedShape const& s, int j) {
+        int const half = split(s);
+        return j < half ? j : s.num_n - 1 - (j - half);
+    }
+    FLASH_DASH_HD static TileCtx make_ctx(SchedShape const& s, int p) {
+        TileCtx c = DynamicPersistentGrid::make_ctx(s, p);
+        c.n = claimed_n(s, c.n);
+        c.m_min = m_min_of(s, c.n);
+        c.m_end = m_end_of(s, c.n);
+        return c;
+    }
+    FLASH_DASH_HD static State init(SchedShape const&, TileCtx const&) { return {}; }
+    FLASH_DASH_HD static int num_steps(SchedShape const&, TileCtx const& c, State const&) {
+        return c.m_end > c.m_min ? c.m_end - c.m_min : 0;
+    }
+    FLASH_DASH_HD static int m_block(SchedShape const& s, TileCtx const& c, State const&, int step) {
+        return c.n < split(s) ? c.m_end - 1 - step : c.m_min + step;
+    }
+    FLASH_DASH_HD static int rank(SchedShape const& s, TileCtx const& c, State const&, int m) {
+        int const half = split(s);
+        return c.n < half ? c.n : half + n_end_of(s, m) - 1 - c.n;
+    }
+};
+
+struct Split : SplitWalk<true> {};
+struct Diagonal : SplitWalk<false> {};
 
 // Shift (full mask only), static persistent grid. Per (head, round) group: R = running, F = finished,
 // slot k = n - F. If R <= M the tile visits m = (k + i) mod M, i = 0..M-1, with
