@@ -30,3 +30,10 @@ link_pack() {
     benchmarks/gpu_session.sh "$2" build > "$2.log" 2>&1
   echo "$pack: $(tail -1 "$2/summary.txt")"
 }
+# bundle_out DIR: a call brings back at most 8 files from $OUT (more are left out by count), so a step that writes
+# many (ncu's reports and per-kernel readings) is packed into DIR.tar, its summary kept beside it as DIR.txt.
+bundle_out() {
+  [ -d "$1" ] || return 0
+  [ -f "$1/summary.txt" ] && cp "$1/summary.txt" "$1.txt"
+  tar -cf "$1.tar" -C "$(dirname "$1")" "$(basename "$1")" && rm -rf "$1"
+}

@@ -6,7 +6,8 @@ SASS.csv is `ncu -i REPORT --page source --csv --print-source sass` (benchmarks/
 gzipped). For each kernel whose name contains one of the substrings (default: every kernel with HGMMA), prints the
 warp-level instructions executed, the PC-sampling stall samples by reason, the opcode mix, and the MMA step loop:
 the instructions executed as often as the kernel's most frequent HGMMA (one per warp and step), with their samples,
-so two implementations compare per step (instructions issued, where the warps wait) rather than per kernel.
+so two implementations compare per step (instructions issued, where the warps wait) rather than per kernel; then
+the instructions outside that loop executed most often (wait loops show up there).
 """
 from __future__ import annotations
 
@@ -86,6 +87,15 @@ def summarize(rows: list[dict[str, str]], top: int) -> str:
                    f"{sum(1 for i in loop if ops[i] == 'HGMMA')} HGMMA, {100 * loop_samples / max(1, sum(samples)):.1f}%"
                    f" of the samples")
         out.append("  step loop mix: " + " ".join(f"{o}:{n}" for o, n in mix.most_common(14)))
+        # Outside the loop, an instruction executed far more often than its neighbours is a wait loop spinning
+        # (mbarrier try_wait retries): those take issue slots from the MMA warps sharing the scheduler.
+        in_loop = set(loop)
+        rest = sorted((i for i in range(len(rows)) if i not in in_loop), key=lambda i: -executed[i])
+        rest_executed = sum(executed[i] for i in rest)
+        out.append(f"  outside the step loop: {rest_executed:,} instructions executed "
+                   f"({100 * rest_executed / max(1, sum(executed)):.1f}%); top {top} by executions:")
+        for i in rest[:top]:
+            out.append(f"    {rows[i]['Address'][-5:]} {executed[i]:>12,} {samples[i]:>6} {rows[i]['Source'].strip()[:70]}")
     out.append(f"  top {top} instructions by samples (address, samples, reasons, SASS):")
     order = sorted(range(len(rows)), key=lambda i: -samples[i])[:top]
     for i in order:

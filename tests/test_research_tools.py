@@ -110,6 +110,9 @@ def test_ncu_sass_reads_the_step_loop_and_keeps_same_named_kernels_apart(tmp_pat
     text = ncu_sass.summarize(kernels[0][1], top=2)
     assert "step loop: 2 instructions per warp and step (64 executions each), 1 HGMMA" in text
     assert "short_sb 81.1%" in text and "FFMA R2, R3, R4, R5" in text.splitlines()[-2]
+    assert "outside the step loop: 8 instructions executed (5.9%); top 2 by executions:" in text
+    assert "@!P0 BRA 0x10" in text.splitlines()[text.splitlines().index(
+        "  outside the step loop: 8 instructions executed (5.9%); top 2 by executions:") + 1]
     assert ncu_sass.opcode("@!P0  BRA 0x10") == "BRA" and ncu_sass.opcode("  HGMMA.64x64x16 R1") == "HGMMA"
 
 

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Prepared device call, right after a call that installed FA4 on the same warm machine (finish-diagonal.sh 2 or
-# standing-fa4.sh 2): `bash research/calls/ncu-fwd-fa4.sh` carrying [".whl", ".prebuilt/c3"] (~400 s warm).
+# Prepared device call, right after a call that installed FA4 on the same warm machine (standing-fa4.sh 2):
+# `bash research/calls/ncu-fwd-fa4.sh` carrying [".whl", ".prebuilt/c3"] (~400 s warm). Its ncu folder comes
+# back as ncu.tar (session 27's run lost the per-kernel readings to the 8-file limit).
 #   Nsight Compute beside FA4's forward, hdim 128, 8k, full then causal (issue 17: our forward is 0.88-0.94 of FA4's
 #   at 8k-16k with the same tiles, warpgroups and registers): the source page's SASS with its executed instructions
 #   and stall samples, read per step by research/ncu_sass.py (instructions per step and where the warps wait, ours
@@ -19,6 +20,7 @@ cat "$OUT/ncu/summary.txt"
 for f in "$OUT"/ncu/ncu-*-sass.csv.gz; do
   [ -f "$f" ] && python3 research/ncu_sass.py "$f" --top 12 2>&1 | tee "${f%.csv.gz}.steps.txt" | tail -60
 done
+bundle_out "$OUT/ncu"
 timeout $((585 - SECONDS)) python3 benchmarks/bench_block.py --model llama3-8b --seqlen 8k,16k,32k \
   --impl dash-det,dash,fa4-det,fa4,sdpa --json "$OUT/block.json" > "$OUT/block.txt" 2>&1
 tail -24 "$OUT/block.txt"

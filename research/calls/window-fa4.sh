@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Prepared device call, right after a call that installed FA4 on the same warm machine (finish-diagonal.sh 2,
-# standing-fa4.sh 2 or ncu-fwd-fa4.sh): `bash research/calls/window-fa4.sh` carrying [".whl", ".prebuilt/c16"]
+# Prepared device call, right after a call that installed FA4 on the same warm machine (standing-fa4.sh 2
+# or ncu-fwd-fa4.sh): `bash research/calls/window-fa4.sh` carrying [".whl", ".prebuilt/c16"]
 # (c16: the `suite` pack cut to bf16 hdim 64/128/256; ~450 s warm).
 #   Issue 19's windowed targets beside FA4, last measured on 2026-12-05 (session 10), before the two dQ-store warps
 #   (session 23) and hdim 256 causal's order (session 16): Gemma-shaped windows (hdim 256, 16/8 heads, window 4096,
