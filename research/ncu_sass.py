@@ -95,7 +95,8 @@ def summarize(rows: list[dict[str, str]], top: int) -> str:
         out.append(f"  outside the step loop: {rest_executed:,} instructions executed "
                    f"({100 * rest_executed / max(1, sum(executed)):.1f}%); top {top} by executions:")
         for i in rest[:top]:
-            out.append(f"    {rows[i]['Address'][-5:]} {executed[i]:>12,} {samples[i]:>6} {rows[i]['Source'].strip()[:70]}")
+            source = rows[i]["Source"].strip()[:70]
+            out.append(f"    {rows[i]['Address'][-5:]} {executed[i]:>12,} {samples[i]:>6} {source}")
     out.append(f"  top {top} instructions by samples (address, samples, reasons, SASS):")
     order = sorted(range(len(rows)), key=lambda i: -samples[i])[:top]
     for i in order:
