@@ -37,3 +37,9 @@ bundle_out() {
   [ -f "$1/summary.txt" ] && cp "$1/summary.txt" "$1.txt"
   tar -cf "$1.tar" -C "$(dirname "$1")" "$(basename "$1")" && rm -rf "$1"
 }
+# ab_patch PATCH: research/patch_ab.sh of PATCH against the installed build into $OUT/ab, within the call's 585 s,
+# each variant linking its prebuilt objects from /tmp/pb; the A/B's knobs (AB_*, BENCH_*, SANITIZE_*) come from the
+# caller, as assignments before the call: `AB_TESTS="..." ab_patch research/patches/X.patch`.
+ab_patch() {
+  timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb research/patch_ab.sh "$OUT/ab" "$1" 2>&1 | tail -34
+}

@@ -15,11 +15,11 @@ set -u
 source research/device_setup.sh .prebuilt/c16/*.tar.xz .prebuilt/c15/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack suite "$OUT/build" 64,128,256 bf16
-timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb AB_BUILD="FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128,256" \
+AB_BUILD="FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=64,128,256" \
   AB_TESTS="test_window_gpu" AB_TEST_FILTER="diagonal" AB_TEST_TIMEOUT=120 \
   AB_SANITIZE="bwd" AB_SANITIZE_TOOLS=racecheck SANITIZE_HDIMS=64 SANITIZE_TIMEOUT=90 \
   BENCH_TIMEOUT=120 BENCH_SCRIPT=benchmarks/bench_window.py \
   BENCH_ARGS="--case gemma,mistral,gpt-oss --seqlen 8k,16k --impl dash,dash-det-descending,dash-det-diagonal" \
-  research/patch_ab.sh "$OUT/ab" research/patches/band-diagonal.patch 2>&1 | tail -34
+  ab_patch research/patches/band-diagonal.patch
 echo "== done at ${SECONDS}s"
 true

@@ -10,10 +10,10 @@ set -u
 source research/device_setup.sh .prebuilt/c3/*.tar.xz .prebuilt/c14/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack sched-diagonal "$OUT/build"
-timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb AB_TESTS="test_varlen_kernel_gpu test_varlen_gpu" \
+AB_TESTS="test_varlen_kernel_gpu test_varlen_gpu" \
   AB_TEST_TIMEOUT=100 AB_SANITIZE="fwd bwd" AB_SANITIZE_TOOLS=racecheck SANITIZE_HDIMS=64 SANITIZE_TIMEOUT=90 \
   BENCH_TIMEOUT=90 BENCH_SCRIPT=benchmarks/bench_varlen.py \
   BENCH_ARGS="--quick --hdim 64,128 --impl dash-varlen,dash-varlen-det,dash-dense" \
-  research/patch_ab.sh "$OUT/ab" research/patches/varlen-prepare-pdl.patch 2>&1 | tail -34
+  ab_patch research/patches/varlen-prepare-pdl.patch
 echo "== done at ${SECONDS}s"
 true

@@ -10,9 +10,9 @@ set -u
 source research/device_setup.sh .prebuilt/c16/*.tar.xz .prebuilt/c19/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack suite "$OUT/build" 256 bf16
-timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb AB_BUILD="FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=256" \
+AB_BUILD="FLASH_DASH_DTYPES=bf16 FLASH_DASH_HDIMS=256" \
   AB_TESTS="test_fwd_gpu test_bwd_gpu" AB_TEST_TIMEOUT=120 \
   BENCH_TIMEOUT=120 BENCH_ARGS="--impl dash,dash-det,sdpa-cudnn --hdim 256 --seqlen 2k,8k,16k" \
-  research/patch_ab.sh "$OUT/ab" research/patches/mma-warpgroup-slice.patch 2>&1 | tail -34
+  ab_patch research/patches/mma-warpgroup-slice.patch
 echo "== done at ${SECONDS}s"
 true

@@ -11,9 +11,9 @@ set -u
 source research/device_setup.sh .prebuilt/c3/*.tar.xz .prebuilt/c17/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack sched-diagonal "$OUT/build"
-timeout $((585 - SECONDS)) env AB_PREBUILT=/tmp/pb AB_TESTS="test_fwd_gpu test_bwd_gpu test_varlen_kernel_gpu" \
+AB_TESTS="test_fwd_gpu test_bwd_gpu test_varlen_kernel_gpu" \
   AB_TEST_TIMEOUT=100 AB_SANITIZE="bwd" AB_SANITIZE_TOOLS=synccheck SANITIZE_HDIMS=128 SANITIZE_TIMEOUT=90 \
   BENCH_TIMEOUT=110 BENCH_ARGS="--impl dash,dash-det,sdpa-cudnn --hdim 64,128 --seqlen 2k,8k,16k" \
-  research/patch_ab.sh "$OUT/ab" research/patches/mma-warpgroup-slice.patch 2>&1 | tail -34
+  ab_patch research/patches/mma-warpgroup-slice.patch
 echo "== done at ${SECONDS}s"
 true
