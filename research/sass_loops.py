@@ -2,8 +2,8 @@
 
     python research/sass_loops.py BUILD [--cuobjdump PATH] [--filter SUBSTRING] [--top N]
 
-For every function, the loops are the backward branches (a BRA to a lower address); the step loop is the smallest
-loop that holds the most HGMMA instructions. Prints its instruction count, HGMMA count and the N most frequent
+For every function, the loops are the backward branches (a BRA to a lower address); the step loop is the one with
+the most HGMMA instructions per instruction. Prints its instruction count, HGMMA count and the N most frequent
 opcodes (R2UR, IMAD, ... : the non-MMA work each step issues) and its local-memory accesses (spills; each object's
 total last), so two builds can be compared without a GPU.
 """
@@ -46,23 +46,24 @@ def opcode(instr: str) -> str:
 
 
 def step_loop(body: list[tuple[int, str]]) -> list[str] | None:
-    """The smallest backward-branch loop holding the most HGMMA instructions."""
+    """The MMA step loop: the backward-branch loop with the most HGMMA per instruction. A loop around it (the tile
+    loop, which holds more HGMMA where the forward's steps are inlined, ``fwd_inline_steps``) adds per-tile code and
+    a loop the layout interleaves with it adds code of other paths, so neither is as dense; the forward's unmasked
+    step loop (the hot one) is denser than its masked copy."""
     addr_index = {a: i for i, (a, _) in enumerate(body)}
-    best: tuple[int, int, list[str]] | None = None
+    best: tuple[float, list[str]] | None = None
     for i, (_, instr) in enumerate(body):
         m = _BRA.search(instr)
         if not m:
             continue
-        target = int(m.group(1), 16)
-        j = addr_index.get(target)
+        j = addr_index.get(int(m.group(1), 16))
         if j is None or j > i:
             continue
         loop = [x for _, x in body[j:i + 1]]
-        n_mma = sum(opcode(x) == "HGMMA" for x in loop)
-        key = (n_mma, -len(loop))
-        if n_mma and (best is None or key > (best[0], -best[1])):
-            best = (n_mma, len(loop), loop)
-    return best[2] if best else None
+        density = sum(opcode(x) == "HGMMA" for x in loop) / len(loop)
+        if density and (best is None or density > best[0]):
+            best = (density, loop)
+    return best[1] if best else None
 
 
 def main() -> int:

@@ -5,8 +5,9 @@
 #   research/patches/mma-warpgroup-slice.patch: the MMA warpgroups partition their smem operands through a slice at
 #   the warpgroup's first thread with a warp-uniform index, so GMMA descriptors stay in uniform registers (SASS on
 #   the CPU machine: the hdim 128 backward step loop 581 -> 533 static instructions, R2UR 49 -> 0-1; the dense
-#   forward kernels 52 R2UR fewer; varlen forward unchanged). Its build's dense and varlen GPU tests, synccheck of
-#   sanitize_bwd at hdim 128, then bench_attn against HEAD (cuDNN rows: the call's noise).
+#   forward's 832 -> 815, R2UR 20 -> 4; the varlen forward's, whose stages are broadcast too, 1005 -> 967, R2UR 54 ->
+#   9). Its build's dense and varlen GPU tests, synccheck of sanitize_bwd at hdim 128, then bench_attn against HEAD
+#   (cuDNN rows: the call's noise); the varlen bench follows in ab-warpgroup-slice-varlen.sh.
 set -u
 source research/device_setup.sh .prebuilt/c3/*.tar.xz .prebuilt/c17/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
