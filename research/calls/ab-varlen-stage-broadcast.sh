@@ -7,8 +7,8 @@
 #   the varlen two-warpgroup forward reads its K/V/Q stages through an index broadcast from lane 0. SASS (CPU
 #   machine), bf16 hdim 128 varlen step loops: 1007 -> 983 instructions, R2UR 54 -> 24 (the dense kernel's 20).
 #   The call: bench_varlen --quick at hdim 128 against HEAD (the dense rows, the same code in both builds, are the
-#   call's noise); no tests, to fit a cold call in 300 s of device time: the merge's call runs the varlen GPU tests. Predicted: varlen forward +1-2.5% at hdim 128,
-#   backward and dense 1.00 +- 0.01.
+#   call's noise); no tests, to fit a cold call in 300 s of device time: the merge's call runs the varlen GPU
+#   tests. Predicted: varlen forward +1-2.5% at hdim 128, backward and dense 1.00 +- 0.01.
 set -u
 source research/device_setup.sh .prebuilt/c3/*.tar.xz .prebuilt/c21/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
