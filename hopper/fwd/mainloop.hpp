@@ -307,6 +307,15 @@ struct FwdMainloopSm90 {
             for (int i = 0; i < size(tSrS); ++i) { tSrS(i) = tanh_approx(tSrS(i) * prescale); }
         };
 
+        // The smem stage of a pipeline state, for the GEMMs' operand descriptors. In the varlen kernel the loops'
+        // bounds come from the pack's tables (memory); with the pinned step's two loops ptxas then keeps the states
+        // per thread and builds every descriptor in vector registers, moved (R2UR) before each GMMA: the index is
+        // broadcast from lane 0. (The three-warpgroup kernels' one loop keeps them uniform.)
+        auto stage = [](auto const& st) {
+            if constexpr (kVarlen && Traits::kOverlapPvSoftmax) { return __shfl_sync(0xffffffff, int(st.index()), 0); }
+            else { return int(st.index()); }
+        };
+
         constexpr int kNRows = decltype(size<0>(tS_rc))::value;
         float o_scale[kNRows], inv_sum[kNRows], lse[kNRows];
         int const wg = tid / 128;
@@ -338,7 +347,7 @@ struct FwdMainloopSm90 {
         auto flush = [&]() FLASH_DASH_FWD_STEP_INLINE {
             pipe_v.consumer_wait(st_v);
             scheduler_sync(wg);
-            wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+            wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, stage(st_v)), tOrO);
             scheduler_arrive(wg);
             warpgroup_wait<0>();
             warpgroup_fence_operand(tOrO);
@@ -374,8 +383,8 @@ struct FwdMainloopSm90 {
             if (!pv_pending) {  // the CTA's first block, or the first after a flush: S alone
                 pipe_k.consumer_wait(st_k);
                 scheduler_sync(wg);
-                wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ(_, _, _, st_q.index()),
-                                                          tSrK(_, _, _, st_k.index()), tSrS);
+                wg_gemm</*zero_init=*/true, /*wait=*/-1>(mma_qk, tSrQ(_, _, _, stage(st_q)),
+                                                          tSrK(_, _, _, stage(st_k)), tSrS);
                 scheduler_arrive(wg);
                 warpgroup_wait<0>();
                 warpgroup_fence_operand(tSrS);
@@ -411,10 +420,10 @@ struct FwdMainloopSm90 {
                 if (kPin && first) { finalize_previous(); }
                 pipe_k.consumer_wait(st_k);
                 scheduler_sync(wg);
-                wg_gemm<true, -1>(mma_qk, tSrQ(_, _, _, st_q.index()), tSrK(_, _, _, st_k.index()), tSrS);
+                wg_gemm<true, -1>(mma_qk, tSrQ(_, _, _, stage(st_q)), tSrK(_, _, _, stage(st_k)), tSrS);
                 // V is loaded after K: wait for it only once QK^T is on its way.
                 pipe_v.consumer_wait(st_v);
-                wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, st_v.index()), tOrO);
+                wg_gemm<false, -1>(mma_pv, tOrP, tOrV(_, _, _, stage(st_v)), tOrO);
                 scheduler_arrive(wg);
                 warpgroup_wait<1>();  // S done (groups retire in order), PV may still run
                 warpgroup_fence_operand(tSrS);
