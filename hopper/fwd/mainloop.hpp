@@ -310,10 +310,14 @@ struct FwdMainloopSm90 {
         // The smem stage of a pipeline state, for the GEMMs' operand descriptors. In the varlen kernel the loops'
         // bounds come from the pack's tables (memory); with the pinned step's two loops ptxas then keeps the states
         // per thread and builds every descriptor in vector registers, moved (R2UR) before each GMMA: the index is
-        // broadcast from lane 0. (The three-warpgroup kernels' one loop keeps them uniform.)
+        // broadcast from lane 0. (The three-warpgroup kernels' one loop keeps them uniform; above hdim 128 the
+        // descriptors overflow the uniform register file anyway, so there the shuffle would only add work.)
         auto stage = [](auto const& st) {
-            if constexpr (kVarlen && Traits::kOverlapPvSoftmax) { return __shfl_sync(0xffffffff, int(st.index()), 0); }
-            else { return int(st.index()); }
+            if constexpr (kVarlen && Traits::kOverlapPvSoftmax && kHeadDim <= 128) {
+                return __shfl_sync(0xffffffff, int(st.index()), 0);
+            } else {
+                return int(st.index());
+            }
         };
 
         constexpr int kNRows = decltype(size<0>(tS_rc))::value;
