@@ -37,6 +37,18 @@ bundle_out() {
   [ -f "$1/summary.txt" ] && cp "$1/summary.txt" "$1.txt"
   tar -cf "$1.tar" -C "$(dirname "$1")" "$(basename "$1")" && rm -rf "$1"
 }
+# ncu_read TAG ARGS...: Nsight Compute of research/ncu_attn.py ARGS into $OUT/ncu (gpu_session.sh's ncu step, TAG
+# naming its reports), each source page read per step by research/ncu_sass.py, the folder bundled as ncu.tar.
+ncu_read() {
+  local tag=$1 f
+  shift
+  NCU_TAG=$tag NCU_TIMEOUT=300 NCU_ARGS="$*" benchmarks/gpu_session.sh "$OUT/ncu" ncu > /dev/null 2>&1
+  cat "$OUT/ncu/summary.txt"
+  for f in "$OUT"/ncu/ncu-*-sass.csv.gz; do
+    [ -f "$f" ] && python3 research/ncu_sass.py "$f" --top 12 2>&1 | tee "${f%.csv.gz}.steps.txt" | tail -60
+  done
+  bundle_out "$OUT/ncu"
+}
 # ab_patch PATCH: research/patch_ab.sh of PATCH against the installed build into $OUT/ab, within the call's 585 s,
 # each variant linking its prebuilt objects from /tmp/pb; the A/B's knobs (AB_*, BENCH_*, SANITIZE_*) come from the
 # caller, as assignments before the call: `AB_TESTS="..." ab_patch research/patches/X.patch`.

@@ -14,13 +14,7 @@ source research/fa4_stage.sh || { echo "FA4 is not unpacked on this machine: run
 source research/device_setup.sh .prebuilt/c3/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c "import flash_attn_dash._C" 2>/dev/null || link_pack "${PACK:-sched-diagonal}" "$OUT/build"
-NCU_TAG=fwd128-8k NCU_TIMEOUT=300 NCU_ARGS="--pass fwd --impl dash,fa4 --hdim 128 --seqlen 8k --mask full,causal" \
-  benchmarks/gpu_session.sh "$OUT/ncu" ncu > /dev/null 2>&1
-cat "$OUT/ncu/summary.txt"
-for f in "$OUT"/ncu/ncu-*-sass.csv.gz; do
-  [ -f "$f" ] && python3 research/ncu_sass.py "$f" --top 12 2>&1 | tee "${f%.csv.gz}.steps.txt" | tail -60
-done
-bundle_out "$OUT/ncu"
+ncu_read fwd128-8k --pass fwd --impl dash,fa4 --hdim 128 --seqlen 8k --mask full,causal
 timeout $((585 - SECONDS)) python3 benchmarks/bench_block.py --model llama3-8b --seqlen 8k,16k,32k \
   --impl dash-det,dash,fa4-det,fa4,sdpa --json "$OUT/block.json" > "$OUT/block.txt" 2>&1
 tail -24 "$OUT/block.txt"

@@ -11,13 +11,6 @@ set -u
 source research/device_setup.sh .prebuilt/c3/*.tar.xz
 nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.txt"
 link_pack "${PACK:-sched-diagonal}" "$OUT/build"
-NCU_TAG=varlen-fwd128-2k NCU_TIMEOUT=300 \
-  NCU_ARGS="--pass fwd --impl dash,dash-varlen --hdim 128 --seqlen 2k --mask full,causal" \
-  benchmarks/gpu_session.sh "$OUT/ncu" ncu > /dev/null 2>&1
-cat "$OUT/ncu/summary.txt"
-for f in "$OUT"/ncu/ncu-*-sass.csv.gz; do
-  [ -f "$f" ] && python3 research/ncu_sass.py "$f" --top 12 2>&1 | tee "${f%.csv.gz}.steps.txt" | tail -60
-done
-bundle_out "$OUT/ncu"
+ncu_read varlen-fwd128-2k --pass fwd --impl dash,dash-varlen --hdim 128 --seqlen 2k --mask full,causal
 echo "== done at ${SECONDS}s"
 true
