@@ -7,7 +7,8 @@
 # dims and dtypes the bf16 64/128 calls leave out:
 #   test_bwd_gpu, test_fwd_gpu, test_varlen_kernel_gpu, test_gqa_fold_gpu, test_softcap_gpu, test_window_gpu,
 #   test_sink_gpu (FLASH_DASH_TEST_BUILT_ONLY=1: what reaches an unbuilt head dim or dtype is a skip), then
-#   racecheck and synccheck of tests/sanitize_bwd.py at HDIMS when bf16 is built (the sanitizer scripts run bf16).
+#   racecheck and synccheck of tests/sanitize_bwd.py at HDIMS when bf16 is built (the sanitizer scripts run bf16;
+#   SANITIZE_PASSES=fwd sanitizes the forward instead, for a forward-only change).
 set -u
 carry=${1:?CARRY folder}
 hdims=${2:?HDIMS, e.g. 256 or 192,192v128}
@@ -17,7 +18,7 @@ nvidia-smi --query-gpu=name,clocks.max.sm --format=csv,noheader | tee "$OUT/gpu.
 link_pack suite "$OUT/build" "$hdims" "$dtypes"
 steps=(tests)
 [[ ",$dtypes," == *",bf16,"* ]] && steps+=(sanitize)
-FLASH_DASH_TEST_BUILT_ONLY=1 DEADLINE_S=$((560 - SECONDS)) TEST_TIMEOUT=120 SANITIZE_PASSES=bwd \
+FLASH_DASH_TEST_BUILT_ONLY=1 DEADLINE_S=$((560 - SECONDS)) TEST_TIMEOUT=120 SANITIZE_PASSES="${SANITIZE_PASSES:-bwd}" \
   SANITIZE_HDIMS="$hdims" SANITIZE_TIMEOUT=200 \
   TESTS="test_bwd_gpu test_fwd_gpu test_varlen_kernel_gpu test_gqa_fold_gpu test_softcap_gpu test_window_gpu test_sink_gpu" \
   benchmarks/gpu_session.sh "$OUT/suite" "${steps[@]}" > /dev/null 2>&1
