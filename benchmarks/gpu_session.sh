@@ -56,10 +56,12 @@ if has tests; then
   for t in ${TESTS:-$(cd tests && ls *_gpu.py | sed 's/\.py$//') test_research_bwd_timeline}; do
     step "$t" "${TEST_TIMEOUT:-400}" python3 -m pytest -q -p no:cacheprovider --maxfail=10 ${TEST_FILTER:+-k "$TEST_FILTER"} \
       "tests/$t.py" > "$LOG/$t.log" 2>&1
-    rc=$?
-    # pytest's 5: nothing collected, or TEST_FILTER deselected every test; a summary must not read as a pass.
-    ((rc == 5)) && summary+=("$t: NO TEST RAN (pytest rc 5): $(tail -1 "$LOG/$t.log")")
-    ((rc != 125 && rc != 5)) && summary+=("$t: $(tail -1 "$LOG/$t.log")")
+    case $? in
+      125) ;;  # not run: step() said so
+      # pytest's 5: nothing collected, or TEST_FILTER deselected every test; a summary must not read as a pass.
+      5) summary+=("$t: NO TEST RAN (pytest rc 5): $(tail -1 "$LOG/$t.log")") ;;
+      *) summary+=("$t: $(tail -1 "$LOG/$t.log")") ;;
+    esac
     pack
   done
 fi
